@@ -1,0 +1,124 @@
+"""The run configuration: one validated description of a training run.
+
+Values merge in this order, each later source overriding the earlier ones:
+
+1. ddl's built-in defaults (the field defaults below);
+2. the site profile's ``[defaults]`` table;
+3. the workload preset's training defaults (epochs, batch size, learning rate), where the
+   run gives none;
+4. the config file given with ``--config`` (TOML, keys as the flag names with ``_``);
+5. command-line flags.
+
+The merged config is written to ``config.json`` in the run directory; what the worker
+derives from it (per-replica and global batch, scaled learning rate, world size) is recorded
+under ``resolved`` in ``results.json``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ddl.errors import UsageError
+from ddl.validation import one_line
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plugin: str = Field("mnist", description="workload plugin")
+    strategy: str = Field("ddp", description="parallelism strategy")
+    site: str = Field("local", description="site profile")
+    preset: str | None = Field(None, description="workload size preset (default: the course's)")
+    nproc: int | None = Field(None, ge=1, description="local worker processes")
+    epochs: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1, description="samples per replica per step")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="samples per optimizer step over all replicas")
+    lr: float | None = Field(None, gt=0, description="learning rate before scaling")
+    lr_scaling: Literal["none", "linear"] = Field(
+        "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")
+    warmup_epochs: float = Field(0.0, ge=0, description="linear learning-rate warm-up")
+    seed: int = Field(1, ge=0)
+    data_dir: Path | None = None
+    run_dir: Path | None = Field(None, description="default: runs/<plugin>-<strategy>-<time>")
+    workers: int | None = Field(None, ge=0, description="DataLoader workers per process")
+    steps_per_epoch: int | None = Field(None, ge=1, description="cap on training steps per epoch")
+    log_every: int = Field(50, ge=1, description="steps between progress lines")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    synthetic_if_missing: bool = Field(
+        False, description="generate synthetic data if the site's default data dir is empty")
+
+    @model_validator(mode="after")
+    def _one_batch_flag(self) -> RunConfig:
+        if self.batch_size is not None and self.global_batch_size is not None:
+            raise ValueError("give --batch-size (per replica) or --global-batch-size, not both")
+        return self
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--config: file {str(path)!r} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"--config: {path} is not a readable TOML file: {exc}") from None
+    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    if unknown:
+        raise UsageError(f"{path}: unknown key {unknown[0]!r}; allowed: "
+                         f"{', '.join(sorted(RunConfig.model_fields))}")
+    return data
+
+
+def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
+          plugins=None) -> tuple[RunConfig, bool]:
+    """Merge site defaults, the config file and flags into a validated RunConfig.
+
+    Returns the config and whether its data_dir is the site's default (only then may
+    synthetic data be generated into it). Preset defaults are applied by the worker, which
+    knows the world size (see :func:`resolve_batch`).
+    """
+    from ddl.sites import get_site
+
+    user = {**(file_values or {}), **flags}
+    try:
+        first = RunConfig.model_validate(user)  # validates names and types before lookups
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, RunConfig, where="")) from None
+
+    site = get_site(first.site, plugins)
+    merged: dict[str, Any] = site.defaults.model_dump(exclude_none=True)
+    merged.update(user)
+    data_dir_is_default = "data_dir" not in user
+    merged.setdefault("data_dir", "data")
+    try:
+        return RunConfig.model_validate(merged), data_dir_is_default
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, RunConfig, where="")) from None
+
+
+def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> tuple[int, int]:
+    """(per-replica batch, global batch) for a data-parallel degree."""
+    if config.global_batch_size is not None:
+        if config.global_batch_size % dp_size:
+            raise UsageError(
+                f"--global-batch-size: {config.global_batch_size} is not divisible by the "
+                f"{dp_size} data-parallel replicas; use a multiple of {dp_size}")
+        return config.global_batch_size // dp_size, config.global_batch_size
+    per_replica = config.batch_size or preset_batch
+    return per_replica, per_replica * dp_size
+
+
+def scaled_lr(config: RunConfig, base_lr: float, global_batch: int, preset_batch: int) -> float:
+    """The linear scaling rule: lr grows with the global batch relative to the course's."""
+    if config.lr_scaling == "linear":
+        return base_lr * global_batch / preset_batch
+    return base_lr

@@ -1,0 +1,56 @@
+"""Splitting datasets over data-parallel replicas.
+
+Training uses torch's DistributedSampler with ``drop_last`` in both the sampler and the
+loader: for a fixed seed and global batch, step k then sees exactly the same samples
+whatever the number of replicas, which is what makes runs of different layouts comparable
+(and the equivalence tests possible).
+
+Evaluation must count every sample exactly once. DistributedSampler would pad the last
+shard with duplicates, biasing the metrics; :class:`EvalShardSampler` pads too (so every
+rank runs the same number of forwards, which FSDP and tensor parallel need) but the trainer
+knows which positions are padding and gives them zero weight.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
+
+
+class EvalShardSampler(Sampler[int]):
+    """Replica r reads samples r, r+R, r+2R, ... then pads to ceil(N/R) with early indices."""
+
+    def __init__(self, dataset_len: int, replicas: int, rank: int) -> None:
+        self.dataset_len = dataset_len
+        self.real = len(range(rank, dataset_len, replicas))  # samples this replica owns
+        self.total = math.ceil(dataset_len / replicas)
+        self._indices = list(range(rank, dataset_len, replicas))
+        self._indices += [i % dataset_len for i in range(self.total - self.real)]
+
+    def __iter__(self):
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return self.total
+
+
+def train_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, seed: int,
+                 workers: int, pin_memory: bool) -> DataLoader:
+    sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True,
+                      num_workers=workers, pin_memory=pin_memory,
+                      persistent_workers=workers > 0)
+
+
+def eval_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, workers: int,
+                pin_memory: bool) -> DataLoader:
+    sampler = EvalShardSampler(len(dataset), replicas, rank)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
+                      num_workers=workers, pin_memory=pin_memory)

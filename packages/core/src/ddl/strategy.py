@@ -1,0 +1,57 @@
+"""The strategy interface: how a model is spread over processes and how one step runs.
+
+Each strategy lives in one readable module of a strategy plugin (``ddl_strategies.ddp``
+for DistributedDataParallel). The trainer calls, in order: :meth:`check` (before anything
+is built), :meth:`wrap`, then :meth:`train_step` per batch, :meth:`eval_model` for
+evaluation and :meth:`full_state_dict` to export the trained weights.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ddl.distributed import World
+    from ddl.workload import Workload
+
+
+class Strategy(ABC):
+    name: str = ""
+
+    def check(self, workload: Workload, world: World) -> None:
+        """Raise :class:`ddl.errors.UsageError` naming what is supported if this strategy
+        cannot run ``workload`` on ``world``."""
+
+    def data_parallel_size(self, world: World) -> int:
+        """How many replicas see different data (the global batch is split over them)."""
+        return world.size
+
+    def data_parallel_rank(self, world: World) -> int:
+        return world.rank
+
+    @abstractmethod
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
+        """Place ``model`` on ``world.device`` and parallelise it."""
+
+    def train_step(self, model: nn.Module, batch: tuple[Any, Any], workload: Workload,
+                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, Any]:
+        """Forward, backward, optimizer step; returns (detached mean loss, outputs)."""
+        inputs, targets = batch
+        optimizer.zero_grad(set_to_none=True)
+        outputs = workload.forward(model, inputs)
+        loss = workload.loss(outputs, targets)
+        loss.backward()
+        optimizer.step()
+        return loss.detach(), outputs
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The module to run evaluation forwards on."""
+        return model
+
+    @abstractmethod
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The complete, unwrapped weights (plain tensors; valid on rank 0 at least)."""

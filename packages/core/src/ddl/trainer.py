@@ -1,0 +1,242 @@
+"""The training loop every workload and strategy shares.
+
+Per epoch: reshuffle (``set_epoch``), train, evaluate on the validation split, average the
+metrics over all ranks, print one line on rank 0 and append it to ``metrics.jsonl``. After
+the last epoch: evaluate on the test split, export the weights, write ``results.json``.
+
+Timing follows the courses: the first epoch includes one-off costs (allocator warm-up, lazy
+initialisation, data caching), so it is marked ``warmup`` and left out of the summary.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddl import rundir
+from ddl.config import RunConfig, resolve_batch, scaled_lr
+from ddl.data import eval_loader, train_loader
+from ddl.distributed import World, seed_all
+from ddl.errors import UsageError
+from ddl.metrics import MetricSums
+from ddl.plugins import Plugins
+from ddl.strategy import Strategy
+from ddl.workload import Workload
+
+
+def say(world: World, message: str) -> None:
+    """Print on rank 0 only, so N ranks do not repeat each line N times."""
+    if world.is_main:
+        print(message, flush=True)
+
+
+@dataclass
+class Layout:
+    """What the worker derived from the config and the world."""
+
+    preset: str
+    dp_size: int
+    batch_per_replica: int
+    global_batch: int
+    base_lr: float
+    lr: float
+    epochs: int
+    steps_per_epoch: int = 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, Strategy, Layout]:
+    wspec = plugins.workload(config.plugin)
+    sspec = plugins.strategy(config.strategy)
+    preset_name = config.preset or wspec.default_preset
+    if preset_name not in wspec.presets:
+        raise UsageError(f"--preset: {config.plugin} has no preset {preset_name!r}; allowed: "
+                         f"{', '.join(wspec.presets)}")
+    preset = wspec.presets[preset_name]
+    workload: Workload = wspec.create(preset)
+    strategy: Strategy = sspec.create()
+    strategy.check(workload, world)
+    dp_size = strategy.data_parallel_size(world)
+    per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
+    base_lr = config.lr or preset.lr
+    layout = Layout(preset=preset_name, dp_size=dp_size, batch_per_replica=per_replica,
+                    global_batch=global_batch, base_lr=base_lr,
+                    lr=scaled_lr(config, base_lr, global_batch, preset.batch_size),
+                    epochs=config.epochs or preset.epochs)
+    return workload, strategy, layout
+
+
+def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
+    """Per-step multiplier: linear warm-up (starting from the unscaled lr when linear
+    scaling is on, Goyal et al. 2017 sec. 2.2) times the workload's per-epoch factor."""
+    warmup_steps = round(config.warmup_epochs * layout.steps_per_epoch)
+    start = min(1.0, layout.base_lr / layout.lr) if config.lr_scaling == "linear" else 0.0
+    if warmup_steps and start == 1.0:
+        start = 1.0 / warmup_steps
+
+    def factor(step: int) -> float:
+        warm = 1.0
+        if step < warmup_steps:
+            warm = start + (1.0 - start) * step / warmup_steps
+        return warm * workload.lr_factor(step // layout.steps_per_epoch)
+
+    return factor
+
+
+def evaluate(model: torch.nn.Module, loader, workload: Workload, world: World) -> dict[str, float]:
+    sums = MetricSums(world.device)
+    real = loader.sampler.real  # positions beyond this on this rank are padding
+    position = 0
+    model.eval()
+    with torch.no_grad():
+        for batch in loader:
+            inputs, targets = workload.to_device(batch, world.device)
+            outputs = workload.forward(model, inputs)
+            per_sample = workload.sample_metrics(outputs, targets)
+            n = next(iter(per_sample.values())).shape[0]
+            positions = torch.arange(position, position + n, device=world.device)
+            sums.add(per_sample, weight=(positions < real).to(torch.float64))
+            position += n
+    return sums.reduce(world)
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+
+
+def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    workload, strategy, layout = build(config, world, plugins)
+    data_dir = Path(config.data_dir)
+    splits = workload.datasets(data_dir)
+
+    seed_all(config.seed)  # identical initial weights on every rank
+    model = strategy.wrap(workload.build_model(), world)
+    optimizer = workload.optimizer(model.parameters(), layout.lr)
+    seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
+
+    pin = world.device.type == "cuda"
+    workers = config.workers or 0
+    dp_rank = strategy.data_parallel_rank(world)
+    loader = train_loader(splits["train"], batch_size=layout.batch_per_replica,
+                          replicas=layout.dp_size, rank=dp_rank, seed=config.seed,
+                          workers=workers, pin_memory=pin)
+    if len(loader) == 0:
+        raise UsageError(f"the global batch {layout.global_batch} is larger than the "
+                         f"{len(splits['train'])} training samples; use a smaller batch")
+    layout.steps_per_epoch = min(len(loader), config.steps_per_epoch or len(loader))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
+                                                                          workload))
+    val_loader, test_loader = (
+        eval_loader(splits[s], batch_size=layout.batch_per_replica, replicas=layout.dp_size,
+                    rank=dp_rank, workers=workers, pin_memory=pin) for s in ("val", "test"))
+
+    say(world, f"ddl: {config.plugin} ({layout.preset}) with {config.strategy} on "
+               f"{world.size} process(es), {world.device.type}/{world.backend}; global batch "
+               f"{layout.global_batch} ({layout.batch_per_replica} per replica), lr "
+               f"{layout.lr:g}, {layout.steps_per_epoch} steps/epoch, run dir {run_dir}")
+    epochs: list[dict[str, Any]] = []
+    step = 0
+    for epoch in range(1, layout.epochs + 1):
+        loader.sampler.set_epoch(epoch)
+        model.train()
+        sums = MetricSums(world.device)
+        data_wait = 0.0
+        _sync(world.device)
+        t0 = time.perf_counter()
+        batches = iter(loader)
+        for i in range(layout.steps_per_epoch):
+            t_fetch = time.perf_counter()
+            batch = workload.to_device(next(batches), world.device)
+            data_wait += time.perf_counter() - t_fetch
+            loss, outputs = strategy.train_step(model, batch, workload, optimizer)
+            scheduler.step()
+            step += 1
+            if outputs is not None:
+                with torch.no_grad():
+                    sums.add(workload.sample_metrics(outputs, batch[1]))
+            if world.is_main and (i + 1) % config.log_every == 0:
+                print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
+                      f"loss {loss.item():.4f} (rank 0)", flush=True)
+        _sync(world.device)
+        seconds = time.perf_counter() - t0
+        train_metrics = sums.reduce(world)
+        t_eval = time.perf_counter()
+        val_metrics = evaluate(strategy.eval_model(model), val_loader, workload, world)
+        samples = layout.steps_per_epoch * layout.global_batch
+        record = {"epoch": epoch, "warmup": epoch == 1, "time_s": seconds,
+                  "samples": samples, "samples_per_s": samples / seconds,
+                  "data_wait_s": data_wait, "eval_time_s": time.perf_counter() - t_eval,
+                  "lr": optimizer.param_groups[0]["lr"], "train": train_metrics,
+                  "val": val_metrics}
+        epochs.append(record)
+        say(world, f"epoch {epoch}/{layout.epochs}  train {_fmt(train_metrics)} | val "
+                   f"{_fmt(val_metrics)} | {seconds:.1f} s, {samples / seconds:.0f} samples/s"
+                   + (" (warm-up, excluded from the summary)" if epoch == 1 else ""))
+        if world.is_main:
+            rundir.append_jsonl(run_dir / rundir.METRICS, record)
+
+    test_metrics = evaluate(strategy.eval_model(model), test_loader, workload, world)
+    say(world, f"test  {_fmt(test_metrics)}")
+    state = strategy.full_state_dict(model)
+    results = _results(config, world, layout, workload, epochs, val_metrics, test_metrics,
+                       started, data_dir, model)
+    results["versions"]["plugins"] = {
+        role: plugins.version_of(spec.plugin) or spec.plugin
+        for role, spec in (("workload", plugins.workload(config.plugin)),
+                           ("strategy", plugins.strategy(config.strategy)))}
+    if world.is_main:
+        _save_model(state, run_dir / rundir.MODEL)
+        rundir.write_json(run_dir / rundir.RESULTS, results)
+        say(world, f"results: {run_dir / rundir.RESULTS}")
+    return results
+
+
+def _save_model(state: dict[str, torch.Tensor], path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _results(config: RunConfig, world: World, layout: Layout, workload: Workload,
+             epochs: list[dict[str, Any]], val: dict[str, float], test: dict[str, float],
+             started: float, data_dir: Path, model: torch.nn.Module) -> dict[str, Any]:
+    measured = [e for e in epochs if not e["warmup"]] or epochs  # one epoch: nothing to drop
+    epoch_time = sum(e["time_s"] for e in measured) / len(measured)
+    return {
+        "ddl_version": __import__("ddl").__version__,
+        "versions": rundir.versions(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "wall_time_s": time.time() - started,
+        "command": sys.argv,
+        "plugin": config.plugin, "strategy": config.strategy, "site": config.site,
+        "preset": layout.preset,
+        "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
+        "world": {"size": world.size, "dp_size": layout.dp_size, "backend": world.backend,
+                  "device": world.device.type},
+        "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch},
+        "lr": {"base": layout.base_lr, "scaled": layout.lr, "scaling": config.lr_scaling,
+               "warmup_epochs": config.warmup_epochs},
+        "steps_per_epoch": layout.steps_per_epoch,
+        "epochs": epochs,
+        "summary": {
+            "epoch_time_s": epoch_time,
+            "samples_per_s": sum(e["samples"] for e in measured) / sum(e["time_s"] for e in measured),
+            "epochs_measured": [e["epoch"] for e in measured],
+            "first_epoch_excluded": len(epochs) > 1,
+        },
+        "final": {"val": val, "test": test},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "model_file": rundir.MODEL,
+    }
+

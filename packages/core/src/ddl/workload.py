@@ -1,0 +1,85 @@
+"""The workload interface: what a model-and-data plugin implements.
+
+A workload is built by its spec's factory with a :class:`ddl.specs.Preset`. The trainer only
+talks to this interface, so a third-party workload trains under every strategy whose
+requirements it meets.
+
+Batches are ``(inputs, targets)`` pairs as the workload's datasets and default collation give
+them; :meth:`Workload.forward` and :meth:`Workload.to_device` are the places to adapt that.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from ddl.specs import Preset
+
+SPLITS = ("train", "val", "test")
+
+
+class Workload(ABC):
+    def __init__(self, preset: Preset) -> None:
+        self.preset = preset
+
+    # --- data -------------------------------------------------------------------------
+    @abstractmethod
+    def check_data(self, data_dir: Path) -> None:
+        """Raise :class:`ddl.errors.DataError` (one line, naming the ``ddl prepare`` command)
+        unless ``data_dir`` holds a complete, readable copy of the data. Runs before any
+        worker starts; keep it cheap."""
+
+    @abstractmethod
+    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
+        """Fetch the official data (login node, network) or, with ``synthetic``, generate a
+        learnable stand-in in the same on-disk format. Safe to re-run."""
+
+    def is_synthetic(self, data_dir: Path) -> bool:
+        """Whether ``data_dir`` holds generated data (recorded in results.json)."""
+        return False
+
+    @abstractmethod
+    def datasets(self, data_dir: Path) -> dict[str, Dataset]:
+        """The ``train``, ``val`` and ``test`` datasets, read from their real format."""
+
+    # --- model, loss, metrics -----------------------------------------------------------
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model (the caller seeds the RNG identically on all ranks)."""
+
+    @abstractmethod
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """Mean loss over the batch; what the optimizer minimises."""
+
+    @abstractmethod
+    def sample_metrics(self, outputs: Any, targets: Any) -> dict[str, torch.Tensor]:
+        """Per-sample metric values (shape ``[batch]``), including ``loss``. The trainer sums
+        them over all ranks and divides by the sample count, so evaluation is exact for any
+        world size."""
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        return model(inputs)
+
+    def to_device(self, batch: Any, device: torch.device) -> tuple[Any, Any]:
+        inputs, targets = batch
+        return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+    # --- optimisation -------------------------------------------------------------------
+    @abstractmethod
+    def optimizer(self, params: Any, lr: float) -> torch.optim.Optimizer:
+        """The course's optimizer for these parameters at this learning rate."""
+
+    def lr_factor(self, epoch: int) -> float:
+        """Per-epoch learning-rate multiplier (e.g. StepLR's gamma ** epoch); 1 by default."""
+        return 1.0
+
+    # --- measurement and parallelism hints ------------------------------------------------
+    def flops_per_sample(self) -> float | None:
+        """Training FLOPs (forward + backward) per sample, for MFU; None if unknown."""
+        return None

@@ -1,0 +1,31 @@
+"""Registration of the MNIST workload (no torch import here: listing must stay fast)."""
+
+from ddl.hookspecs import hookimpl
+from ddl.specs import Preset, WorkloadSpec
+
+PRESETS = {
+    "course": Preset(
+        name="course",
+        summary="the BSC course: 32/64-channel CNN, 5 epochs, batch 100",
+        epochs=5, batch_size=100, lr=1e-3, options={"channels": (32, 64)},
+    ),
+    "tiny": Preset(
+        name="tiny",
+        summary="for CPU tests: 8/16 channels, 2000 training samples, 2 epochs",
+        epochs=2, batch_size=32, lr=2e-3,
+        options={"channels": (8, 16), "train_samples": 2000, "eval_samples": 500},
+    ),
+}
+
+
+@hookimpl
+def ddl_register_workloads():
+    return [
+        WorkloadSpec(
+            name="mnist",
+            summary="MNIST digits, CNN of the BSC CTE-POWER course (conv 5x5 x2, dense 10)",
+            factory="ddl_mnist.workload:MnistWorkload",
+            presets=PRESETS,
+            default_preset="course",
+        ),
+    ]

@@ -1,0 +1,1 @@
+"""PyTorch-native parallelism strategies for ddl, one readable module each."""

@@ -1,0 +1,15 @@
+"""Registration of the strategies (no torch import here: listing must stay fast)."""
+
+from ddl.hookspecs import hookimpl
+from ddl.specs import StrategySpec
+
+
+@hookimpl
+def ddl_register_strategies():
+    return [
+        StrategySpec(
+            name="ddp",
+            summary="DistributedDataParallel: full replica per process, gradients all-reduced",
+            factory="ddl_strategies.ddp:DDPStrategy",
+        ),
+    ]

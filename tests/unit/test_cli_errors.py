@@ -1,0 +1,85 @@
+"""Bad input: one line naming the problem and what is allowed, exit code 2, no traceback,
+and nothing already written is damaged. Each case runs the real `ddl` command."""
+
+import hashlib
+
+import pytest
+
+from conftest import assert_one_line_error, run_ddl
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["train", "--plugin", "cifar99"], ["--plugin", "'cifar99'", "allowed: mnist"]),
+    (["train", "--strategy", "zero9"], ["--strategy", "'zero9'", "allowed: ddp"]),
+    (["train", "--nproc", "0"], ["--nproc", "greater than or equal to 1", "got 0"]),
+    (["train", "--nproc", "two"], ["--nproc", "invalid int value: 'two'"]),
+    (["train", "--preset", "huge"], ["--preset", "'huge'", "allowed: course, tiny"]),
+    (["train", "--batch-size", "4", "--global-batch-size", "8"], ["not allowed with"]),
+    (["train", "--device", "tpu"], ["--device", "invalid choice: 'tpu'"]),
+    (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+])
+def test_bad_flags(tmp_path, args, needles):
+    assert_one_line_error(run_ddl(*args, cwd=tmp_path), *needles)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()
+
+
+def test_data_dir_that_does_not_exist(tmp_path):
+    proc = run_ddl("train", "--data-dir", str(tmp_path / "nope"), cwd=tmp_path)
+    assert_one_line_error(proc, "--data-dir", "nope", "does not exist", "ddl prepare")
+
+
+def test_data_dir_without_mnist(tmp_path):
+    proc = run_ddl("train", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert_one_line_error(proc, "no MNIST data", "ddl prepare --plugin mnist")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "magic", "label"])
+def test_corrupt_data_files(mnist_copy, tmp_path, damage):
+    raw = mnist_copy / "MNIST" / "raw"
+    if damage == "truncate":
+        path = raw / "train-images-idx3-ubyte"
+        path.write_bytes(path.read_bytes()[:5000])
+    elif damage == "magic":
+        path = raw / "t10k-labels-idx1-ubyte"
+        path.write_bytes(b"\x00\x00\x09\x99" + path.read_bytes()[4:])
+    else:
+        path = raw / "train-labels-idx1-ubyte"
+        blob = bytearray(path.read_bytes())
+        blob[20] = 11
+        path.write_bytes(bytes(blob))
+    proc = run_ddl("train", "--data-dir", str(mnist_copy), cwd=tmp_path)
+    assert_one_line_error(proc, path.name, "ddl prepare --plugin mnist")
+
+
+def test_existing_run_is_not_damaged(tmp_path, synthetic_mnist):
+    run_dir = tmp_path / "old-run"
+    run_dir.mkdir()
+    (run_dir / "results.json").write_text('{"precious": true}\n')
+    (run_dir / "model.pt").write_bytes(b"weights")
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.iterdir()}
+    proc = run_ddl("train", "--run-dir", str(run_dir), "--data-dir", str(synthetic_mnist),
+                   cwd=tmp_path)
+    assert_one_line_error(proc, "--run-dir", "already holds a run")
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in run_dir.iterdir()}
+    assert before == after
+
+
+def test_config_file_errors(tmp_path):
+    proc = run_ddl("train", "--config", str(tmp_path / "missing.toml"), cwd=tmp_path)
+    assert_one_line_error(proc, "--config", "does not exist")
+    bad = tmp_path / "run.toml"
+    bad.write_text("nproc = -1\n")
+    assert_one_line_error(run_ddl("train", "--config", str(bad), cwd=tmp_path), "--nproc", "greater than or equal to 1")
+
+
+def test_prepare_real_download_fails_clearly_offline(tmp_path):
+    """This machine cannot reach the MNIST mirrors; the real download code must say so."""
+    proc = run_ddl("prepare", "--plugin", "mnist", "--data-dir", str(tmp_path / "d"),
+                   timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1, proc.stderr
+    assert len(lines) == 1 and "could not download MNIST" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "d" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()

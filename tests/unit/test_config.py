@@ -1,0 +1,54 @@
+"""Run configuration: merge order and one-line validation messages."""
+
+from pathlib import Path
+
+import pytest
+
+from ddl.config import RunConfig, build, load_config_file, resolve_batch, scaled_lr
+from ddl.errors import UsageError
+
+pytestmark = pytest.mark.unit
+
+
+def test_flags_override_file_override_site(tmp_path):
+    config, default_dir = build({}, {}, None)
+    assert config.nproc == 2 and config.workers == 0  # from sites/local.toml
+    assert default_dir and config.data_dir == Path("data")
+    config, _ = build({"nproc": 3}, {"nproc": 4, "epochs": 7}, None)
+    assert config.nproc == 3 and config.epochs == 7
+    config, default_dir = build({"data_dir": tmp_path}, {}, None)
+    assert not default_dir and config.data_dir == tmp_path
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ({"nproc": 0}, "--nproc: Input should be greater than or equal to 1 (got 0)"),
+    ({"batch_size": 2, "global_batch_size": 4}, "not both"),
+    ({"lr_scaling": "square"}, "--lr-scaling: Input should be 'none' or 'linear'"),
+    ({"site": "nowhere"}, "--site: unknown site 'nowhere'; allowed: local"),
+])
+def test_bad_values_give_one_line(flags, needle):
+    with pytest.raises(UsageError) as info:
+        build(flags, {}, None)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_config_file_unknown_key(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("epochs = 3\nepoch = 4\n")
+    with pytest.raises(UsageError, match="unknown key 'epoch'; allowed: .*epochs"):
+        load_config_file(path)
+    path.write_text("epochs = [\n")
+    with pytest.raises(UsageError, match="not a readable TOML file"):
+        load_config_file(path)
+
+
+def test_batch_resolution_and_linear_scaling():
+    config = RunConfig(global_batch_size=256)
+    assert resolve_batch(config, 100, 4) == (64, 256)
+    with pytest.raises(UsageError, match="not divisible by the 3 data-parallel replicas"):
+        resolve_batch(config, 100, 3)
+    assert resolve_batch(RunConfig(), 100, 4) == (100, 400)
+    assert resolve_batch(RunConfig(batch_size=10), 100, 4) == (10, 40)
+    # the CTE-POWER course: lr 0.01 x number of GPUs when the batch grows with them
+    assert scaled_lr(RunConfig(lr_scaling="linear"), 0.01, 1024, 256) == pytest.approx(0.04)
+    assert scaled_lr(RunConfig(), 0.01, 1024, 256) == 0.01

@@ -1,0 +1,38 @@
+"""The fast paths of the CLI must not import torch (it costs seconds on every call)."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+PROBE = """
+import sys
+from ddl.cli import main
+try:
+    code = main({args!r})
+except SystemExit as exc:  # argparse's --help exits
+    code = exc.code
+heavy = sorted(m for m in ("torch", "torchvision", "transformers", "numpy") if m in sys.modules)
+print("HEAVY:" + ",".join(heavy))
+sys.exit(code or 0)
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["plugins"], ["sites"], ["train", "--help"],
+                                  ["prepare", "--help"]])
+def test_command_does_not_import_torch(args):
+    proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY:\n" in proc.stdout or proc.stdout.rstrip().endswith("HEAVY:"), proc.stdout
+
+
+def test_probe_detects_torch():
+    """The probe itself can fail: it reports torch once something imported it."""
+    probe = PROBE.replace("from ddl.cli import main", "from ddl.cli import main\nimport torch")
+    proc = subprocess.run([sys.executable, "-c", probe.format(args=["sites"])],
+                          capture_output=True, text=True, timeout=60)
+    heavy = proc.stdout.rsplit("HEAVY:", 1)[1].split()[0].split(",")
+    assert "torch" in heavy

@@ -1,0 +1,70 @@
+"""Plugins come from installed entry points (group `ddl`); a broken one is reported, not fatal."""
+
+from importlib import metadata
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import assert_one_line_error, run_ddl
+from ddl.hookspecs import hookimpl
+from ddl.plugins import Plugins
+from ddl.specs import Preset, WorkloadSpec
+
+pytestmark = pytest.mark.unit
+
+
+def test_shipped_plugins_are_installed_entry_points():
+    eps = {ep.name: ep for ep in metadata.entry_points(group="ddl")}
+    assert eps["mnist"].value == "ddl_mnist.plugin"
+    assert eps["mnist"].dist.name == "ddl-mnist"
+    assert eps["strategies"].dist.name == "ddl-strategies"
+
+
+def test_cli_sees_what_the_entry_points_provide():
+    plugins = Plugins()
+    mnist, ddp = plugins.workload("mnist"), plugins.strategy("ddp")
+    # each spec is tagged with the entry point that registered it
+    assert mnist.plugin == "mnist" and ddp.plugin == "strategies"
+    assert plugins.version_of("mnist").startswith("ddl-mnist ")
+    assert plugins.version_of("strategies").startswith("ddl-strategies ")
+    assert not plugins.broken
+
+
+def test_nothing_is_found_without_entry_points():
+    plugins = Plugins(load_entry_points=False)
+    assert plugins.workloads() == {} and plugins.strategies() == {}
+
+
+def test_explicit_registration():
+    @hookimpl
+    def ddl_register_workloads():
+        preset = Preset("p", "a preset", epochs=1, batch_size=1, lr=0.1)
+        return [WorkloadSpec("toy", "a toy", "nowhere:Nothing", {"p": preset}, "p")]
+
+    plugins = Plugins(load_entry_points=False)
+    plugins.register(SimpleNamespace(ddl_register_workloads=ddl_register_workloads), "toy-plugin")
+    assert plugins.workload("toy").plugin == "toy-plugin"
+
+
+def _install_fake_distribution(root: Path, module_body: str) -> None:
+    """A real installed distribution as importlib.metadata sees it: a dist-info directory
+    with an entry_points.txt in the `ddl` group, beside its module."""
+    info = root / "broken_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[ddl]\nbroken = broken_plugin_mod\n")
+    (root / "broken_plugin_mod.py").write_text(module_body)
+
+
+def test_broken_plugin_is_reported_and_the_rest_keep_working(tmp_path):
+    _install_fake_distribution(tmp_path, "raise ImportError('needs libfoo, which is missing')\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    proc = run_ddl("plugins", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "BROKEN plugin 'broken'" in proc.stdout
+    assert "ImportError: needs libfoo, which is missing" in proc.stdout
+    assert "mnist" in proc.stdout and "ddp" in proc.stdout
+
+    proc = run_ddl("train", "--plugin", "broken", env=env)
+    assert_one_line_error(proc, "--plugin", "'broken'", "failed to load", "allowed: mnist")
