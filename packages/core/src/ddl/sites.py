@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ddl.errors import UsageError
 from ddl.validation import one_line
@@ -31,6 +31,65 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Detect(_Strict):
+    """How ``--site auto`` recognises the system; a profile matches if any rule matches."""
+
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables that must all have these "
+        "values (e.g. SYSTEMNAME = 'juwelsbooster')")
+    hostnames: list[str] = Field(
+        default_factory=list, description="shell-style patterns for the host name (fnmatch)")
+
+
+class Partition(_Strict):
+    gpus_per_node: int = Field(ge=0)
+    cpus_per_node: int = Field(ge=1, description="CPU cores (or hardware threads) per node "
+                               "that a job may use")
+    max_nodes: int | None = Field(None, ge=1)
+    max_time: str | None = Field(None, description="wall-clock limit, Slurm format")
+    dev: bool = Field(False, description="a small, quick-start development partition")
+
+
+class Rendezvous(_Strict):
+    """Where the ranks meet: the first node of the allocation, as the site names it."""
+
+    host_suffix: str = Field("", pattern=r"^[A-Za-z0-9._-]*$", description="appended to the "
+                             "first node's name: 'i' on JSC, '-ib0' on CTE-POWER, '' on LUMI")
+    resolve_ip: bool = Field(False, description="pass the rendezvous host as an IP address "
+                             "(resolved inside the job)")
+    port: int = Field(29500, ge=1024, le=65535, description="fixed port, or the prefix "
+                      "digit(s) when port_from_job_id")
+    port_from_job_id: bool = Field(False, description="port = str(port) + the last four "
+                                   "digits of SLURM_JOB_ID (LUMI's rule: port 1 -> 1xxxx)")
+
+
+class Slurm(_Strict):
+    gpu_request: Literal["gres", "gpus-per-node", "none"] = Field(
+        "gres", description="'gres': --gres=gpu:N; 'gpus-per-node': --gpus-per-node=N")
+    mem: str | None = Field(None, description="--mem for torchrun-style jobs (whole node)")
+    mem_per_gpu: str | None = Field(None, description="--mem-per-gpu for srun-style jobs")
+    exclusive: bool = False
+    extra: list[str] = Field(default_factory=list, description="more #SBATCH options")
+
+
+class CpuBinding(_Strict):
+    """CPU binding for one process per GPU.
+
+    ``srun`` is passed as ``srun --cpu-bind=...`` when srun starts one process per GPU.
+    Under a per-node launcher srun can bind only the launcher, so the workers bind
+    themselves to ``worker_cores[LOCAL_RANK]`` (empty: no binding).
+    """
+
+    srun: str = Field("none", pattern=r"^[A-Za-z0-9_:,]*$")
+    worker_cores: list[list[int]] = Field(default_factory=list)
+
+
+class Container(_Strict):
+    runtime: Literal["apptainer", "singularity"] = "apptainer"
+    image: str | None = None
+    binds: list[str] = Field(default_factory=list)
+
+
 class SiteDefaults(_Strict):
     """Run settings a site supplies unless the config file or a flag says otherwise."""
 
@@ -45,13 +104,54 @@ class SiteDefaults(_Strict):
 class SiteProfile(_Strict):
     name: str
     description: str
+    detect: Detect = Detect()
     accelerator: Literal["cpu", "cuda", "rocm"]
+    device_peak_flops: float | None = Field(
+        None, gt=0, description="dense peak of ONE device as torch sees it (an MI250X GCD, "
+        "not the module), in FLOP/s, for MFU")
     backend: Literal["gloo", "nccl"] = Field(
         description="torch.distributed backend; 'nccl' also means RCCL on ROCm builds")
-    launcher: Literal["local"] = Field(
-        "local", description="how workers start; 'local': torch's elastic launcher on this host")
+    launcher: Literal["local", "srun", "torchrun", "torchrun_jsc"] = Field(
+        "local", description="'local': torch's elastic agent on this host; 'srun': one "
+        "process per GPU started by srun; 'torchrun'/'torchrun_jsc': one launcher per node")
+    partitions: dict[str, Partition] = Field(default_factory=dict)
+    default_partition: str | None = None
+    rendezvous: Rendezvous = Rendezvous()
+    slurm: Slurm = Slurm()
+    cpu_binding: CpuBinding = CpuBinding()
+    env: dict[str, str] = Field(default_factory=dict, description="exported in every job; "
+                                "values may use ${SLURM_...} variables of the job")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before the "
+                             "launch in a job (module loads, venv activation)")
+    container: Container = Container()
+    offline: bool = Field(False, description="compute nodes have no internet: set the HF "
+                          "offline variables and never download at train time")
+    unverified: dict[str, str] = Field(default_factory=dict, description="keys whose values "
+                                       "are general knowledge, not read in a source: key -> note")
     defaults: SiteDefaults = SiteDefaults()
     source: str = Field("", exclude=True, description="file the profile was read from")
+
+    @model_validator(mode="after")
+    def _partitions_consistent(self) -> SiteProfile:
+        if self.default_partition and self.default_partition not in self.partitions:
+            raise ValueError(f"default_partition {self.default_partition!r} is not one of "
+                             f"the partitions ({', '.join(self.partitions) or 'none'})")
+        if self.partitions and not self.default_partition:
+            raise ValueError("default_partition is required when partitions are given")
+        if self.launcher != "local" and not self.partitions:
+            raise ValueError(f"launcher {self.launcher!r} needs at least one partition")
+        return self
+
+    @property
+    def uses_slurm(self) -> bool:
+        return self.launcher != "local"
+
+    def partition(self, name: str | None) -> tuple[str, Partition]:
+        chosen = name or self.default_partition
+        if chosen not in self.partitions:
+            raise UsageError(f"--partition: {self.name} has no partition {chosen!r}; allowed: "
+                             f"{', '.join(self.partitions) or 'none (not a Slurm site)'}")
+        return chosen, self.partitions[chosen]
 
 
 def _builtin_dir() -> Path:

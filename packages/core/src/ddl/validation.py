@@ -37,4 +37,4 @@ def _allowed_keys(model: type[BaseModel], path: list[str]) -> list[str]:
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation
-    return sorted(model.model_fields)
+    return sorted(name for name, f in model.model_fields.items() if not f.exclude)
