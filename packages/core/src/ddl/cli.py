@@ -59,6 +59,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=S,
                    help="default: auto (the site's accelerator)")
+    p.add_argument("--launcher", choices=["auto", "local", "srun", "torchrun", "torchrun_jsc"],
+                   default=S, help="how workers start (default: auto: local processes "
+                   "outside Slurm, the site's style inside a job)")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -80,38 +83,101 @@ def make_parser() -> argparse.ArgumentParser:
                          help="generate learnable synthetic data in the official format "
                               "(offline machines, CI); marked as synthetic")
 
+    submit = sub.add_parser("submit", help="render the run as an sbatch script for a site "
+                                            "and submit it (or print it with --dry-run)")
+    _train_flags(submit)
+    submit.add_argument("--nodes", type=int, default=1, help="default: 1")
+    submit.add_argument("--account", help="Slurm account / project")
+    submit.add_argument("--partition", help="default: the site's default partition")
+    submit.add_argument("--time", help="wall-clock limit (default: 01:00:00)")
+    submit.add_argument("--gpus-per-node", type=int, help="default: all of the partition's")
+    submit.add_argument("--job-name", help="default: ddl-<plugin>-<strategy>")
+    submit.add_argument("--output-dir", type=Path, default=Path("runs"),
+                        help="job log and run directory go here (default: ./runs)")
+    submit.add_argument("--container", help="Apptainer/Singularity image to run ddl in")
+    submit.add_argument("--ddl-command", help="ddl as the job should call it (default: this "
+                                              "installation's ddl)")
+    submit.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                        help="extra #SBATCH option, e.g. --sbatch=--qos=debug (repeatable)")
+    submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+
     sub.add_parser("plugins", help="list installed workloads and strategies")
-    sub.add_parser("sites", help="list known site profiles")
+    sites = sub.add_parser("sites", help="list known site profiles; `sites show NAME` prints one")
+    sites.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    sites.add_argument("name", nargs="?", help="profile to show")
+    doctor = sub.add_parser("doctor", help="check this node for what a job needs")
+    doctor.add_argument("--site", default="auto", help="default: auto")
+    doctor.add_argument("--data-dir", type=Path, help="data directory to check")
     return parser
 
 
+SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
+               "output_dir", "container", "ddl_command", "sbatch", "dry_run")
+
+
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(ns).items() if k not in ("command", "config", "synthetic")}
+    skip = ("command", "config", "synthetic", *SUBMIT_ONLY)
+    return {k: v for k, v in vars(ns).items() if k not in skip}
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    import os
+
     from ddl import config as cfg
     from ddl import rundir
     from ddl.plugins import Plugins
+    from ddl.sites import get_site
+    from ddl.slurm import choose_launcher
 
     plugins = Plugins()
     file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
-    config, default_data_dir = cfg.build(_flags(ns), file_values, plugins)
-    nproc = config.nproc or 1
-    _preflight(config, plugins, nproc, default_data_dir)
+    built = cfg.build(_flags(ns), file_values, plugins)
+    config = built.config
+    site = get_site(config.site, plugins)
+    launcher = choose_launcher(config.launcher, site)
 
-    run_dir = config.run_dir or rundir.default_run_dir(Path("runs"), config.plugin,
-                                                       config.strategy)
-    rundir.create(run_dir)
-    config = config.model_copy(update={"run_dir": run_dir.resolve(), "nproc": nproc,
+    if launcher == "local":
+        print(f"ddl: {built.site_note}", flush=True)
+        nproc = config.nproc or 1
+        _preflight(config, plugins, nproc, built.data_dir_is_default)
+        run_dir = config.run_dir or rundir.default_run_dir(Path("runs"), config.plugin,
+                                                           config.strategy)
+        rundir.create(run_dir)
+        config = config.model_copy(update={"run_dir": run_dir.resolve(), "nproc": nproc,
+                                           "data_dir": Path(config.data_dir).resolve()})
+        rundir.write_json(run_dir / rundir.CONFIG, config.model_dump(mode="json"))
+        from ddl.launch import launch_local
+        return launch_local(run_dir, nproc)
+
+    # Inside a Slurm job (or under a launcher started by hand): every task sees the same
+    # flags, so every task checks them and all stop alike on a mistake.
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "job")
+    run_dir = (config.run_dir or Path("runs") / f"{config.plugin}-{config.strategy}-{job}")
+    config = config.model_copy(update={"run_dir": Path(run_dir).resolve(),
                                        "data_dir": Path(config.data_dir).resolve()})
-    rundir.write_json(run_dir / rundir.CONFIG, config.model_dump(mode="json"))
+    nnodes = int(os.environ.get("SLURM_NNODES", "1"))
+    if launcher in ("srun", "worker"):
+        from ddl import worker
+        from ddl.slurm import srun_worker_env
 
-    from ddl.launch import launch_local
-    return launch_local(run_dir, nproc)
+        if launcher == "srun":
+            os.environ.update(srun_worker_env(site))
+        _preflight(config, plugins, int(os.environ["WORLD_SIZE"]), False)
+        worker.run(config, create_run_dir=True)
+        return 0
+
+    from ddl import worker
+    from ddl.slurm import exec_node_launcher, node_launcher_command
+
+    nproc = config.nproc or 1
+    _preflight(config, plugins, nproc * nnodes, False)
+    command = node_launcher_command(launcher, site, nproc)
+    exec_node_launcher(command, {worker.CONFIG_ENV: config.model_dump_json(),
+                                 worker.PER_NODE_ENV: "1"})
+    return 0  # not reached: exec replaced this process
 
 
-def _preflight(config, plugins, nproc: int, default_data_dir: bool) -> None:
+def _preflight(config, plugins, world_size: int, default_data_dir: bool) -> None:
     """Everything that can be checked before workers start, so mistakes cost seconds and
     give one line instead of N ranks' worth of errors."""
     import torch
@@ -122,7 +188,7 @@ def _preflight(config, plugins, nproc: int, default_data_dir: bool) -> None:
     from ddl.trainer import build
 
     site = get_site(config.site, plugins)
-    stand_in = World(rank=0, local_rank=0, size=nproc, device=torch.device("cpu"),
+    stand_in = World(rank=0, local_rank=0, size=world_size, device=torch.device("cpu"),
                      backend=site.backend)
     workload, _, _ = build(config, stand_in, plugins)
     data_dir = Path(config.data_dir)
@@ -148,7 +214,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     from ddl.plugins import Plugins
 
     plugins = Plugins()
-    config, _ = cfg.build(_flags(ns), {}, plugins)
+    config = cfg.build(_flags(ns), {}, plugins).config
     spec = plugins.workload(config.plugin)
     workload = spec.create(spec.presets[spec.default_preset])
     data_dir = Path(config.data_dir)
@@ -158,6 +224,75 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     kind = "synthetic" if ns.synthetic else "official"
     print(f"ddl: {config.plugin} data ({kind}) ready in {where}")
     return 0
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    import time
+
+    from ddl import config as cfg
+    from ddl.plugins import Plugins
+    from ddl.sites import get_site
+    from ddl.submit import SubmitRequest, check_syntax, render, sbatch
+
+    plugins = Plugins()
+    flags = _flags(ns)
+    file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
+    built = cfg.build(flags, file_values, plugins)  # validates everything the job will get
+    config = built.config
+    plugins.workload(config.plugin)
+    plugins.strategy(config.strategy)
+    site = get_site(config.site, plugins)
+    if ns.nodes < 1:
+        raise UsageError(f"--nodes: must be at least 1 (got {ns.nodes})")
+    launcher = config.launcher if config.launcher not in ("auto", "local") else site.launcher
+    if launcher == "local":
+        raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
+                         + ", ".join(n for n in _slurm_sites(plugins)))
+    # The job gets the user's own flags (site, launcher, nproc, run dir are set by ddl).
+    forwarded = []
+    for key, value in flags.items():
+        if key in ("site", "launcher", "nproc", "run_dir"):
+            continue
+        if isinstance(value, Path):
+            value = value.resolve()
+        forwarded.append(f"--{key.replace('_', '-')}={value}")
+    if "config" in ns:
+        forwarded.insert(0, f"--config={Path(ns.config).resolve()}")
+    output_dir = ns.output_dir.resolve()
+    request = SubmitRequest(
+        nodes=ns.nodes, launcher=launcher, train_args=forwarded, plugin=config.plugin,
+        strategy=config.strategy, output_dir=output_dir, account=ns.account,
+        partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
+        job_name=ns.job_name, run_dir=config.run_dir.resolve() if config.run_dir else None,
+        ddl_command=ns.ddl_command or _this_ddl(), container=ns.container,
+        extra_sbatch=ns.sbatch)
+    script = render(site, request)
+    check_syntax(script)
+    if ns.dry_run:
+        print(script, end="")
+        return 0
+    output_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the log's folder
+    path = output_dir / f"{config.plugin}-{config.strategy}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    path.write_text(script)
+    job_id = sbatch(path)
+    job_name = ns.job_name or f"ddl-{config.plugin}-{config.strategy}"
+    run_dir = config.run_dir or output_dir / f"{config.plugin}-{config.strategy}-{job_id}"
+    print(f"ddl: submitted job {job_id} to {site.name} ({ns.nodes} node(s))")
+    print(f"  script:  {path}")
+    print(f"  log:     {output_dir / f'{job_name}-{job_id}.out'}")
+    print(f"  results: {Path(run_dir) / 'results.json'}")
+    return 0
+
+
+def _this_ddl() -> str:
+    candidate = Path(sys.executable).with_name("ddl")
+    return str(candidate) if candidate.exists() else "ddl"
+
+
+def _slurm_sites(plugins) -> list[str]:
+    from ddl.sites import known_sites, load_profile
+
+    return [n for n, p in known_sites(plugins).items() if load_profile(p).uses_slurm]
 
 
 def cmd_plugins(ns: argparse.Namespace) -> int:
@@ -188,10 +323,21 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
 
 
 def cmd_sites(ns: argparse.Namespace) -> int:
-    from ddl.plugins import Plugins
-    from ddl.sites import known_sites, load_profile
+    import json
 
-    for name, path in known_sites(Plugins()).items():
+    from ddl.plugins import Plugins
+    from ddl.sites import get_site, known_sites, load_profile
+
+    plugins = Plugins()
+    if ns.action == "show":
+        if not ns.name:
+            raise UsageError("sites show: name a profile; allowed: "
+                             + ", ".join(known_sites(plugins)))
+        profile = get_site(ns.name, plugins)
+        print(f"# {profile.source}")
+        print(json.dumps(profile.model_dump(mode="json"), indent=2))
+        return 0
+    for name, path in known_sites(plugins).items():
         try:
             description = load_profile(path).description
         except UsageError as exc:
@@ -200,8 +346,23 @@ def cmd_sites(ns: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "prepare": cmd_prepare, "plugins": cmd_plugins,
-            "sites": cmd_sites}
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from ddl.doctor import run_checks
+
+    return run_checks(ns.site, ns.data_dir)
+
+
+COMMANDS = {"train": cmd_train, "prepare": cmd_prepare, "submit": cmd_submit,
+            "plugins": cmd_plugins, "sites": cmd_sites, "doctor": cmd_doctor}
+
+
+def _is_secondary_task() -> bool:
+    """In a job every task checks the same flags; only the first one reports a mistake."""
+    import os
+
+    rank = os.environ.get("RANK") or (os.environ.get("SLURM_PROCID")
+                                      if "SLURM_STEP_ID" in os.environ else None)
+    return rank not in (None, "0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return COMMANDS[ns.command](ns)
     except DdlError as exc:
-        print(f"ddl: error: {exc}", file=sys.stderr)
+        if not (isinstance(exc, UsageError) and _is_secondary_task()):
+            print(f"ddl: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("ddl: interrupted", file=sys.stderr)

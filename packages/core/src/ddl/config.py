@@ -17,6 +17,7 @@ under ``resolved`` in ``results.json``.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,9 +37,11 @@ class RunConfig(BaseModel):
 
     plugin: str = Field("mnist", description="workload plugin")
     strategy: str = Field("ddp", description="parallelism strategy")
-    site: str = Field("local", description="site profile")
+    site: str = Field("auto", description="site profile; 'auto' detects it")
+    launcher: Literal["auto", "local", "srun", "torchrun", "torchrun_jsc"] = Field(
+        "auto", description="'auto': local processes outside Slurm, the site's style inside")
     preset: str | None = Field(None, description="workload size preset (default: the course's)")
-    nproc: int | None = Field(None, ge=1, description="local worker processes")
+    nproc: int | None = Field(None, ge=1, description="worker processes per node")
     epochs: int | None = Field(None, ge=1)
     batch_size: int | None = Field(None, ge=1, description="samples per replica per step")
     global_batch_size: int | None = Field(
@@ -64,6 +67,13 @@ class RunConfig(BaseModel):
         return self
 
 
+@dataclass(frozen=True)
+class Built:
+    config: RunConfig
+    data_dir_is_default: bool  # only then may synthetic data be generated into it
+    site_note: str  # which site, and why (auto-detection says what matched)
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(path.read_text())
@@ -79,14 +89,13 @@ def load_config_file(path: Path) -> dict[str, Any]:
 
 
 def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
-          plugins=None) -> tuple[RunConfig, bool]:
+          plugins=None) -> Built:
     """Merge site defaults, the config file and flags into a validated RunConfig.
 
-    Returns the config and whether its data_dir is the site's default (only then may
-    synthetic data be generated into it). Preset defaults are applied by the worker, which
-    knows the world size (see :func:`resolve_batch`).
+    Preset defaults are applied by the worker, which knows the world size (see
+    :func:`resolve_batch`).
     """
-    from ddl.sites import get_site
+    from ddl.sites import detect_site, get_site
 
     user = {**(file_values or {}), **flags}
     try:
@@ -94,13 +103,19 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
     except ValidationError as exc:
         raise UsageError(one_line(exc, RunConfig, where="")) from None
 
-    site = get_site(first.site, plugins)
+    if first.site == "auto":
+        name, why = detect_site(plugins)
+        site_note = f"site auto -> {name} ({why})"
+        user["site"] = name
+    else:
+        site_note = f"site {first.site} (given)"
+    site = get_site(user.get("site", first.site), plugins)
     merged: dict[str, Any] = site.defaults.model_dump(exclude_none=True)
     merged.update(user)
     data_dir_is_default = "data_dir" not in user
     merged.setdefault("data_dir", "data")
     try:
-        return RunConfig.model_validate(merged), data_dir_is_default
+        return Built(RunConfig.model_validate(merged), data_dir_is_default, site_note)
     except ValidationError as exc:
         raise UsageError(one_line(exc, RunConfig, where="")) from None
 

@@ -57,10 +57,19 @@ class Rendezvous(_Strict):
                              "first node's name: 'i' on JSC, '-ib0' on CTE-POWER, '' on LUMI")
     resolve_ip: bool = Field(False, description="pass the rendezvous host as an IP address "
                              "(resolved inside the job)")
-    port: int = Field(29500, ge=1024, le=65535, description="fixed port, or the prefix "
+    port: int = Field(29500, ge=1, le=65535, description="fixed port, or the prefix "
                       "digit(s) when port_from_job_id")
     port_from_job_id: bool = Field(False, description="port = str(port) + the last four "
                                    "digits of SLURM_JOB_ID (LUMI's rule: port 1 -> 1xxxx)")
+
+    @model_validator(mode="after")
+    def _port_range(self) -> Rendezvous:
+        if self.port_from_job_id and not 1 <= self.port <= 5:
+            raise ValueError("with port_from_job_id the port is a prefix digit 1-5 "
+                             "(ports end at 65535)")
+        if not self.port_from_job_id and self.port < 1024:
+            raise ValueError(f"port {self.port} is privileged; use 1024-65535")
+        return self
 
 
 class Slurm(_Strict):
@@ -200,3 +209,27 @@ def get_site(name: str, plugins=None) -> SiteProfile:
     if name not in files:
         raise UsageError(f"--site: unknown site {name!r}; allowed: {', '.join(sorted(files))}")
     return load_profile(files[name])
+
+
+def detect_site(plugins=None, env=None, hostname: str | None = None) -> tuple[str, str]:
+    """Pick the profile whose ``detect`` rules match this machine: (name, why).
+
+    Environment rules are checked before hostname patterns across all profiles, since a
+    variable such as SYSTEMNAME is the more specific signal. Nothing matching: ``local``.
+    """
+    import fnmatch
+    import socket
+
+    env = os.environ if env is None else env
+    hostname = hostname or socket.gethostname()
+    profiles = [load_profile(path) for path in _profile_files(plugins).values()]
+    for profile in profiles:
+        rules = profile.detect.env
+        if rules and all(env.get(k) == v for k, v in rules.items()):
+            why = ", ".join(f"{k}={v}" for k, v in rules.items())
+            return profile.name, f"environment {why}"
+    for profile in profiles:
+        for pattern in profile.detect.hostnames:
+            if fnmatch.fnmatch(hostname, pattern):
+                return profile.name, f"hostname {hostname} matches {pattern!r}"
+    return "local", "no site profile matches this machine"

@@ -1,45 +1,85 @@
 """The one code path every training process runs, however it was started.
 
-``python -m ddl.worker RUN_DIR`` reads ``RUN_DIR/config.json`` (written by ``ddl train``),
-joins the process group the launcher described in the environment, and trains.
+A worker gets its run configuration either from ``RUN_DIR/config.json`` (written by a local
+``ddl train`` before it started the workers) or from the ``DDL_RUN_CONFIG`` environment
+variable (set by a per-node launcher in a Slurm job, whose workers start on several nodes at
+once; rank 0 then creates the run directory). It joins the process group the launcher
+described in the environment, and trains.
+
+Started as ``python -m ddl.worker [RUN_DIR]`` by the local elastic agent or torchrun, or
+called in-process by ``ddl train`` under srun.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from ddl import rundir
 from ddl.errors import DdlError, UsageError
 
+CONFIG_ENV = "DDL_RUN_CONFIG"
+PER_NODE_ENV = "DDL_LAUNCHED_PER_NODE"  # set by a per-node launcher: workers bind their CPUs
 
-def run(run_dir: Path) -> None:
-    from ddl.config import RunConfig
+
+def _create_run_dir_on_rank0(config, world) -> None:
+    """Rank 0 creates the run directory; every rank learns whether that worked, so a refusal
+    stops all ranks with the same message instead of leaving them waiting."""
+    import torch.distributed as dist
+
+    problem = None
+    if world.is_main:
+        try:
+            rundir.create(config.run_dir)
+            rundir.write_json(config.run_dir / rundir.CONFIG, config.model_dump(mode="json"))
+        except UsageError as exc:
+            problem = str(exc)
+    if world.size > 1:
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem:
+        raise UsageError(problem)
+
+
+def run(config, *, create_run_dir: bool) -> None:
     from ddl.distributed import close_world, init_world
     from ddl.plugins import Plugins
     from ddl.sites import get_site
+    from ddl.slurm import bind_worker_cpus
     from ddl.trainer import train
 
-    config = RunConfig.model_validate_json((run_dir / rundir.CONFIG).read_text())
     plugins = Plugins()
     site = get_site(config.site, plugins)
+    bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
+                     os.environ.get(PER_NODE_ENV) == "1")
     world = init_world(config.device, site.accelerator, site.backend)
     try:
-        train(config, world, plugins, run_dir)
+        if create_run_dir:
+            _create_run_dir_on_rank0(config, world)
+        train(config, world, plugins, Path(config.run_dir))
     finally:
         close_world()
 
 
+def load_config(args: list[str]):
+    from ddl.config import RunConfig
+
+    if os.environ.get(CONFIG_ENV):
+        return RunConfig.model_validate_json(os.environ[CONFIG_ENV]), True
+    if len(args) != 1:
+        raise UsageError(f"usage: python -m ddl.worker RUN_DIR (or set {CONFIG_ENV})")
+    config = RunConfig.model_validate_json((Path(args[0]) / rundir.CONFIG).read_text())
+    return config, False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m ddl.worker RUN_DIR", file=sys.stderr)
-        return 2
-    import os
-
     rank = int(os.environ.get("RANK", 0))
     try:
-        run(Path(args[0]))
+        config, create = load_config(args)
+        run(config, create_run_dir=create)
     except UsageError as exc:
         if rank == 0:  # the same on every rank; say it once
             print(f"ddl: error: {exc}", file=sys.stderr, flush=True)

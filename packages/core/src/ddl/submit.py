@@ -1,0 +1,181 @@
+"""``ddl submit``: the same run as an sbatch script in the site's idiom, handed to sbatch.
+
+The script is self-contained and readable: #SBATCH lines as the site's documentation
+writes them, the site's setup and environment, the rendezvous derived inside the job (see
+ddl.rendezvous), and one srun line that starts ``ddl train`` in the site's launch style
+(ddl.slurm) with the run configuration the user gave.
+
+Safety: every user value on the srun line is shell-quoted (shlex.quote), so spaces,
+quotes, ``$(...)`` and backticks stay literal. #SBATCH lines are read by sbatch, not by
+the shell, and cannot be quoted: values there must match a conservative pattern or are
+rejected with one line.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddl import __version__
+from ddl.errors import DdlError, UsageError
+from ddl.rendezvous import shell_lines
+from ddl.sites import SiteProfile
+
+SAFE_SBATCH = re.compile(r"^[A-Za-z0-9._:/+@%=,-]+$")
+SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
+HF_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+              "HF_EVALUATE_OFFLINE")
+
+
+@dataclass
+class SubmitRequest:
+    nodes: int
+    launcher: str  # srun, torchrun or torchrun_jsc
+    train_args: list[str]  # flags for `ddl train`, as the user gave them
+    plugin: str
+    strategy: str
+    output_dir: Path  # absolute; holds the job log and the run directory
+    account: str | None = None
+    partition: str | None = None
+    time: str | None = None
+    gpus_per_node: int | None = None
+    job_name: str | None = None
+    run_dir: Path | None = None
+    ddl_command: str = "ddl"
+    container: str | None = None
+    extra_sbatch: list[str] = field(default_factory=list)
+
+
+def _sbatch_value(flag: str, value: str) -> str:
+    if not SAFE_SBATCH.match(value):
+        raise UsageError(f"{flag}: {value!r} cannot go into an #SBATCH line; allowed: "
+                         "letters, digits and . _ : / + @ % = , -")
+    return value
+
+
+def _time(value: str) -> str:
+    if not SLURM_TIME.match(value):
+        raise UsageError(f"--time: {value!r} is not a Slurm time; allowed: MM, MM:SS, "
+                         "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS")
+    return value
+
+
+def render(site: SiteProfile, req: SubmitRequest) -> str:
+    if not site.uses_slurm:
+        raise UsageError(f"--site: {site.name} is not a Slurm site (launcher 'local'); "
+                         "use `ddl train` there")
+    part_name, part = site.partition(req.partition)
+    if part.max_nodes and req.nodes > part.max_nodes:
+        raise UsageError(f"--nodes: partition {part_name} of {site.name} allows at most "
+                         f"{part.max_nodes} nodes (got {req.nodes})")
+    gpus = req.gpus_per_node if req.gpus_per_node is not None else part.gpus_per_node
+    if gpus > part.gpus_per_node:
+        raise UsageError(f"--gpus-per-node: partition {part_name} has {part.gpus_per_node} "
+                         f"GPUs per node (got {gpus})")
+    procs = max(gpus, 1)
+    per_node_launcher = req.launcher in ("torchrun", "torchrun_jsc")
+    tasks = 1 if per_node_launcher else procs
+    cpus_per_task = part.cpus_per_node if per_node_launcher else part.cpus_per_node // procs
+    job_name = _sbatch_value("--job-name", req.job_name or f"ddl-{req.plugin}-{req.strategy}")
+    out_dir = _sbatch_value("--output-dir", str(req.output_dir))
+
+    sb = [f"--job-name={job_name}"]
+    if req.account:
+        sb.append(f"--account={_sbatch_value('--account', req.account)}")
+    sb.append(f"--partition={_sbatch_value('--partition', part_name)}")
+    sb += [f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}", f"--cpus-per-task={cpus_per_task}"]
+    if gpus and site.slurm.gpu_request == "gres":
+        sb.append(f"--gres=gpu:{gpus}")
+    elif gpus and site.slurm.gpu_request == "gpus-per-node":
+        sb.append(f"--gpus-per-node={gpus}")
+    if per_node_launcher and site.slurm.mem:
+        sb.append(f"--mem={site.slurm.mem}")
+    elif not per_node_launcher and site.slurm.mem_per_gpu and gpus:
+        sb.append(f"--mem-per-gpu={site.slurm.mem_per_gpu}")
+    elif site.slurm.mem:
+        sb.append(f"--mem={site.slurm.mem}")
+    time = _time(req.time or "01:00:00")  # short by default; the partition max may be days
+    sb.append(f"--time={time}")
+    sb.append(f"--output={out_dir}/%x-%j.out")
+    if site.slurm.exclusive:
+        sb.append("--exclusive")
+    sb += site.slurm.extra + [_sbatch_value("--sbatch", e) for e in req.extra_sbatch]
+
+    lines = ["#!/bin/bash",
+             f"# Rendered by ddl {__version__} for site {site.name}: {site.description}",
+             f"# Launch style: {_style_note(req.launcher, procs)}"]
+    lines += [f"#SBATCH {opt}" for opt in sb]
+    lines += ["", "set -euo pipefail", ""]
+    if site.setup:
+        lines.append("# Site setup (from the site profile)")
+        lines += site.setup + [""]
+    lines.append("# Environment")
+    lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"  '
+                 "# srun no longer inherits --cpus-per-task (Slurm >= 22.05)")
+    lines += [f'export {k}="{v}"' for k, v in site.env.items()]
+    if site.offline:
+        lines.append("# Compute nodes are offline: never try the model/data hubs")
+        lines += [f"export {name}=1" for name in HF_OFFLINE]
+    lines.append("")
+    lines += shell_lines(site.rendezvous)
+    lines.append('echo "ddl: job $SLURM_JOB_ID on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST; '
+                 'rendezvous $MASTER_ADDR:$MASTER_PORT"')
+    lines.append("")
+
+    if req.run_dir:
+        run_dir = shlex.quote(str(req.run_dir))
+    else:
+        run_dir = shlex.quote(f"{req.output_dir}/{req.plugin}-{req.strategy}-") + '"$SLURM_JOB_ID"'
+    srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={site.cpu_binding.srun}"]
+    if per_node_launcher and site.cpu_binding.srun != "none":
+        srun[-1] = "--cpu-bind=none"  # workers bind themselves (worker_cores)
+    if req.container:
+        gpu_flag = {"cuda": ["--nv"], "rocm": ["--rocm"]}.get(site.accelerator, [])
+        binds = [f"--bind={shlex.quote(b)}" for b in site.container.binds]
+        entry = [site.container.runtime, "run", *gpu_flag, *binds, shlex.quote(req.container)]
+    else:
+        entry = [shlex.quote(req.ddl_command)]
+    train = ["train", f"--site={shlex.quote(site.name)}", f"--launcher={req.launcher}",
+             f"--nproc={procs}", f"--run-dir={run_dir}"]
+    train += [shlex.quote(a) for a in req.train_args]
+    lines.append(f"# {_launch_note(req.launcher)}")
+    lines.append(" \\\n    ".join([" ".join(srun + entry), " ".join(train)]))
+    return "\n".join(lines) + "\n"
+
+
+def _style_note(launcher: str, procs: int) -> str:
+    if launcher == "srun":
+        return f"srun starts {procs} ddl worker(s) per node, one per GPU"
+    return f"srun starts one {launcher} per node, which starts {procs} worker(s)"
+
+
+def _launch_note(launcher: str) -> str:
+    if launcher == "torchrun":
+        return ("One plain torchrun per node; ddl passes is_host and --local_addr itself "
+                "(pytorch/pytorch#73656)")
+    if launcher == "torchrun_jsc":
+        return "One torchrun_jsc per node (JSC's fix for IB-suffixed rendezvous hosts)"
+    return "One process per GPU; ranks from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS"
+
+
+def check_syntax(script: str) -> None:
+    proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    if proc.returncode:
+        raise DdlError(f"internal error: rendered script fails `bash -n`: {proc.stderr.strip()}")
+
+
+def sbatch(script_path: Path) -> str:
+    """Submit; return the job id."""
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", str(script_path)], capture_output=True,
+                              text=True, timeout=120)
+    except FileNotFoundError:
+        raise DdlError("sbatch not found: run `ddl submit` on a login node of the site, or "
+                       "use --dry-run to print the script") from None
+    if proc.returncode:
+        reason = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise DdlError(f"sbatch refused the job: {reason} (script kept at {script_path})")
+    return proc.stdout.strip().split(";")[0]
