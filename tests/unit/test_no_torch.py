@@ -20,8 +20,11 @@ sys.exit(code or 0)
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["plugins"], ["sites"], ["train", "--help"],
-                                  ["prepare", "--help"]])
+@pytest.mark.parametrize("args", [
+    ["--help"], ["plugins"], ["sites"], ["sites", "show", "lumi-g"], ["train", "--help"],
+    ["prepare", "--help"], ["submit", "--help"],
+    ["submit", "--site", "juwels-booster", "--nodes", "2", "--dry-run", "--plugin", "mnist"],
+])
 def test_command_does_not_import_torch(args):
     proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args)],
                           capture_output=True, text=True, timeout=60)
