@@ -39,3 +39,22 @@ def test_extra_directory_is_searched_first(tmp_path, monkeypatch):
     monkeypatch.setenv("DDL_SITE_PATH", str(tmp_path))
     assert "mine" in known_sites() and "local" in known_sites()
     assert get_site("mine").source == str(tmp_path / "mine.toml")
+
+
+def test_plugin_hook_adds_a_directory(tmp_path):
+    from types import SimpleNamespace
+
+    from ddl.hookspecs import hookimpl
+    from ddl.plugins import Plugins
+
+    (tmp_path / "vendor.toml").write_text(GOOD.format(name="vendor"))
+
+    @hookimpl
+    def ddl_site_dirs():
+        return [tmp_path]
+
+    plugins = Plugins(load_entry_points=False)
+    plugins.register(SimpleNamespace(ddl_site_dirs=ddl_site_dirs), "vendor-sites")
+    assert get_site("vendor", plugins).source == str(tmp_path / "vendor.toml")
+    with pytest.raises(UsageError, match="unknown site 'vendor'"):
+        get_site("vendor")  # not without the plugin
