@@ -186,6 +186,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
             rundir.append_jsonl(run_dir / rundir.METRICS, record)
 
     test_metrics = evaluate(strategy.eval_model(model), test_loader, workload, world)
+    test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
     say(world, f"test  {_fmt(test_metrics)}")
     state = strategy.full_state_dict(model)
     results = _results(config, world, layout, workload, epochs, val_metrics, test_metrics,

@@ -83,3 +83,24 @@ class Workload(ABC):
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for MFU; None if unknown."""
         return None
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """Sub-modules FSDP shards as units of their own (ResNet stages, transformer blocks).
+        Declare the ``fsdp_units`` capability in the spec when overriding."""
+        return []
+
+    def tp_plan(self, model: nn.Module) -> dict[str, str]:
+        """Tensor-parallel plan: module path -> ``"colwise"`` or ``"rowwise"`` (Megatron
+        style: column-parallel in, row-parallel out). Capability ``tp_plan``."""
+        return {}
+
+    def pipeline_splits(self, model: nn.Module) -> list[str]:
+        """Module paths where a new pipeline stage begins, in order. Capability
+        ``pipeline_splits``."""
+        return []
+
+    def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
+        """Optional extra test metrics computed once after training (e.g. ROUGE on generated
+        summaries). Called on every rank with the evaluation module; return the same dict
+        everywhere (reduce across ranks yourself) or {} to skip."""
+        return {}
