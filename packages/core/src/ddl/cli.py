@@ -59,6 +59,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=S,
                    help="default: auto (the site's accelerator)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=S,
+                   help="auto: bf16 on GPUs that have it, fp16 with loss scaling on older "
+                        "GPUs, fp32 on CPU")
     p.add_argument("--launcher", choices=["auto", "local", "srun", "torchrun", "torchrun_jsc"],
                    default=S, help="how workers start (default: auto: local processes "
                    "outside Slurm, the site's style inside a job)")
@@ -227,6 +230,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
+    import os
     import time
 
     from ddl import config as cfg
@@ -272,8 +276,14 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         print(script, end="")
         return 0
     output_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the log's folder
-    path = output_dir / f"{config.plugin}-{config.strategy}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    path.write_text(script)
+    import tempfile
+
+    fd, name = tempfile.mkstemp(dir=output_dir, suffix=".sbatch",
+                                prefix=f"{config.plugin}-{config.strategy}-"
+                                       f"{time.strftime('%Y%m%d-%H%M%S')}-")
+    with os.fdopen(fd, "w") as f:  # a unique name: two submits in one second keep both
+        f.write(script)
+    path = Path(name)
     job_id = sbatch(path)
     job_name = ns.job_name or f"ddl-{config.plugin}-{config.strategy}"
     run_dir = config.run_dir or output_dir / f"{config.plugin}-{config.strategy}-{job_id}"

@@ -57,6 +57,9 @@ class RunConfig(BaseModel):
     steps_per_epoch: int | None = Field(None, ge=1, description="cap on training steps per epoch")
     log_every: int = Field(50, ge=1, description="steps between progress lines")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "
+        "scaler) on older GPUs, fp32 on CPU")
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")
 

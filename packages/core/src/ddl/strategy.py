@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ddl.distributed import World
+    from ddl.precision import Precision
     from ddl.workload import Workload
 
 
@@ -38,14 +39,16 @@ class Strategy(ABC):
         """Place ``model`` on ``world.device`` and parallelise it."""
 
     def train_step(self, model: nn.Module, batch: tuple[Any, Any], workload: Workload,
-                   optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, Any]:
+                   optimizer: torch.optim.Optimizer, precision: Precision
+                   ) -> tuple[torch.Tensor, Any]:
         """Forward, backward, optimizer step; returns (detached mean loss, outputs)."""
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
-        outputs = workload.forward(model, inputs)
-        loss = workload.loss(outputs, targets)
-        loss.backward()
-        optimizer.step()
+        with precision.autocast():
+            outputs = workload.forward(model, inputs)
+            loss = workload.loss(outputs, targets)
+        precision.backward(loss)
+        precision.step(optimizer)
         return loss.detach(), outputs
 
     def eval_model(self, model: nn.Module) -> nn.Module:

@@ -10,6 +10,8 @@ initialisation, data caching), so it is marked ``warmup`` and left out of the su
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from ddl.data import eval_loader, train_loader
 from ddl.distributed import World, seed_all
 from ddl.errors import UsageError
 from ddl.metrics import MetricSums
+from ddl.precision import Precision
 from ddl.plugins import Plugins
 from ddl.strategy import Strategy
 from ddl.workload import Workload
@@ -75,6 +78,19 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
     return workload, strategy, layout
 
 
+def loader_workers(config: RunConfig, world: World) -> int:
+    """DataLoader worker processes per rank: as configured, else from the Slurm allocation
+    (the JSC course sizes them from SLURM_CPUS_PER_TASK), keeping one core for the rank."""
+    if config.workers is not None:
+        return config.workers
+    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", 0))
+    if not cpus:
+        return 0
+    per_node_launcher = os.environ.get("DDL_LAUNCHED_PER_NODE") == "1"
+    per_rank = cpus // int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if per_node_launcher else cpus
+    return max(0, min(8, per_rank - 1))
+
+
 def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
     """Per-step multiplier: linear warm-up (starting from the unscaled lr when linear
     scaling is on, Goyal et al. 2017 sec. 2.2) times the workload's per-epoch factor."""
@@ -92,7 +108,8 @@ def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
     return factor
 
 
-def evaluate(model: torch.nn.Module, loader, workload: Workload, world: World) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, loader, workload: Workload, world: World,
+             precision: Precision | None = None) -> dict[str, float]:
     sums = MetricSums(world.device)
     real = loader.sampler.real  # positions beyond this on this rank are padding
     position = 0
@@ -100,7 +117,8 @@ def evaluate(model: torch.nn.Module, loader, workload: Workload, world: World) -
     with torch.no_grad():
         for batch in loader:
             inputs, targets = workload.to_device(batch, world.device)
-            outputs = workload.forward(model, inputs)
+            with precision.autocast() if precision else contextlib.nullcontext():
+                outputs = workload.forward(model, inputs)
             per_sample = workload.sample_metrics(outputs, targets)
             n = next(iter(per_sample.values())).shape[0]
             positions = torch.arange(position, position + n, device=world.device)
@@ -124,8 +142,9 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     optimizer = workload.optimizer(model.parameters(), layout.lr)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
+    precision = Precision.create(config.precision, world.device)
     pin = world.device.type == "cuda"
-    workers = config.workers or 0
+    workers = loader_workers(config, world)
     dp_rank = strategy.data_parallel_rank(world)
     loader = train_loader(splits["train"], batch_size=layout.batch_per_replica,
                           replicas=layout.dp_size, rank=dp_rank, seed=config.seed,
@@ -141,7 +160,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
                     rank=dp_rank, workers=workers, pin_memory=pin) for s in ("val", "test"))
 
     say(world, f"ddl: {config.plugin} ({layout.preset}) with {config.strategy} on "
-               f"{world.size} process(es), {world.device.type}/{world.backend}; global batch "
+               f"{world.size} process(es), {world.device.type}/{world.backend}, "
+               f"{precision.name}, {workers} loader worker(s); global batch "
                f"{layout.global_batch} ({layout.batch_per_replica} per replica), lr "
                f"{layout.lr:g}, {layout.steps_per_epoch} steps/epoch, run dir {run_dir}")
     epochs: list[dict[str, Any]] = []
@@ -158,7 +178,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
             t_fetch = time.perf_counter()
             batch = workload.to_device(next(batches), world.device)
             data_wait += time.perf_counter() - t_fetch
-            loss, outputs = strategy.train_step(model, batch, workload, optimizer)
+            loss, outputs = strategy.train_step(model, batch, workload, optimizer, precision)
             scheduler.step()
             step += 1
             if outputs is not None:
@@ -171,11 +191,14 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         seconds = time.perf_counter() - t0
         train_metrics = sums.reduce(world)
         t_eval = time.perf_counter()
-        val_metrics = evaluate(strategy.eval_model(model), val_loader, workload, world)
+        val_metrics = evaluate(strategy.eval_model(model), val_loader, workload, world,
+                               precision)
         samples = layout.steps_per_epoch * layout.global_batch
         record = {"epoch": epoch, "warmup": epoch == 1, "time_s": seconds,
                   "samples": samples, "samples_per_s": samples / seconds,
-                  "data_wait_s": data_wait, "eval_time_s": time.perf_counter() - t_eval,
+                  "data_wait_s": data_wait,
+                  "data_wait_per_step_s": data_wait / layout.steps_per_epoch,
+                  "eval_time_s": time.perf_counter() - t_eval,
                   "lr": optimizer.param_groups[0]["lr"], "train": train_metrics,
                   "val": val_metrics}
         epochs.append(record)
@@ -185,7 +208,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         if world.is_main:
             rundir.append_jsonl(run_dir / rundir.METRICS, record)
 
-    test_metrics = evaluate(strategy.eval_model(model), test_loader, workload, world)
+    test_metrics = evaluate(strategy.eval_model(model), test_loader, workload, world, precision)
     test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
     say(world, f"test  {_fmt(test_metrics)}")
     state = strategy.full_state_dict(model)
@@ -225,6 +248,8 @@ def _results(config: RunConfig, world: World, layout: Layout, workload: Workload
         "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
         "world": {"size": world.size, "dp_size": layout.dp_size, "backend": world.backend,
                   "device": world.device.type},
+        "precision": Precision.create(config.precision, world.device).name,
+        "loader_workers": loader_workers(config, world),
         "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch},
         "lr": {"base": layout.base_lr, "scaled": layout.lr, "scaling": config.lr_scaling,
                "warmup_epochs": config.warmup_epochs},

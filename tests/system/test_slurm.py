@@ -1,0 +1,291 @@
+"""`ddl submit` against a real multi-node Slurm: the local-slurm of ../shared/tools, started
+by this module (NETNS=1: each of the 2 nodes is its own network namespace with a hostname
+address 10.200.0.i and a separate "InfiniBand" address 10.200.1.i for node<i>i / node<i>-ib0,
+as on JSC) and stopped again at the end, whatever the tests did.
+
+Covered:
+- a 2-node job through `ddl submit` in every launch style (srun, plain torchrun with ddl's
+  is_host/local_addr, torchrun_jsc) trains on 2 x 4 = 8 ranks; with JSC's rendezvous rules
+  (test profile sites/local-slurm-jsc.toml) the rendezvous goes through node1i's address;
+- JSC's failure (pytorch#73656) reproduced with a hand-written job: plain torchrun with
+  --rdzv_endpoint=node1i:PORT fails, the same job with is_host/--local_addr trains;
+- a rendezvous host that does not resolve (sites/local-slurm-nosuch.toml) stops the job
+  at once with one line, before any worker starts.
+
+Jobs are waited for by polling `scontrol show job` with a deadline; nothing sleeps on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_ddl
+
+pytestmark = pytest.mark.system
+
+LOCAL_SLURM = Path(os.environ.get("DDL_LOCAL_SLURM",
+                                  REPO.parent / "shared" / "tools" / "local-slurm"))
+TEST_SITES = Path(__file__).resolve().with_name("sites")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+JOB_DEADLINE_S = 300  # generous: a tiny 8-rank job takes ~25 s here
+SMALL_RUN = ("--plugin", "mnist", "--preset", "tiny", "--epochs", "1", "--steps-per-epoch", "3")
+BASH_BOOKKEEPING = {"_", "SHLVL", "PWD", "OLDPWD"}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    env: dict[str, str]  # this process's environment + `local-slurm env` + DDL_SITE_PATH
+    node1_task: str  # what an srun task on node1 printed (addresses, cluster name)
+
+    def run(self, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(list(cmd), env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def address(self, name: str) -> str:
+        """`name`'s address as a node of the cluster resolves it (never this machine)."""
+        for line in self.node1_task.splitlines():  # getent: ADDRESS NAME [ALIAS...]
+            fields = line.split()
+            if name in fields[1:]:
+                return fields[0]
+        raise AssertionError(f"{name} not resolved on node1:\n{self.node1_task}")
+
+
+def _local_slurm(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LOCAL_SLURM), *args], env={**os.environ, "NETNS": "1"},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real 2-node Slurm for this session; `down` runs even when tests or `up` fail."""
+    if not LOCAL_SLURM.is_file():
+        pytest.fail(f"{LOCAL_SLURM} not found: the system tests need ../shared/tools beside "
+                    "the checkout (or DDL_LOCAL_SLURM)")
+    try:
+        up = _local_slurm("up", timeout=600)
+        assert up.returncode == 0, f"local-slurm up failed:\n{up.stdout}\n{up.stderr}"
+        # eval "$(local-slurm env)", applied to the environment the tests' commands get
+        dump = subprocess.run(["bash", "-c", 'eval "$("$0" env)" && env -0', str(LOCAL_SLURM)],
+                              capture_output=True, text=True, timeout=60, check=True)
+        after = dict(item.split("=", 1) for item in dump.stdout.split("\0") if "=" in item)
+        changed = {k: v for k, v in after.items()
+                   if os.environ.get(k) != v and k not in BASH_BOOKKEEPING}
+        assert "SLURM_CONF" in changed and "PATH" in changed, changed
+        env = {**os.environ, **changed, "DDL_SITE_PATH": str(TEST_SITES)}
+        env.pop("NETNS", None)
+        probe = subprocess.run(
+            ["srun", "--nodes=1", "--ntasks=1", "--nodelist=node1", "--time=1", "bash", "-c",
+             'echo "SLURM_CLUSTER_NAME=${SLURM_CLUSTER_NAME-<unset>}"; '
+             "getent hosts node1 node1i node1-ib0 || true"],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert probe.returncode == 0, f"srun on node1 failed:\n{probe.stdout}\n{probe.stderr}"
+        yield Cluster(env=env, node1_task=probe.stdout)
+    finally:
+        down = _local_slurm("down", timeout=300)
+        print(f"local-slurm down: rc={down.returncode} {down.stdout.strip()} "
+              f"{down.stderr.strip()}")
+
+
+def show_job(cluster: Cluster, job_id: str) -> dict[str, str]:
+    proc = cluster.run("scontrol", "show", "job", "-o", job_id)
+    assert proc.returncode == 0, f"scontrol show job {job_id}: {proc.stderr}"
+    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+
+
+def wait_for_job(cluster: Cluster, job_id: str, timeout: float = JOB_DEADLINE_S) -> dict:
+    """Poll until the job is out of the queue and in a final state; cancel it on the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        queued = cluster.run("squeue", "-h", "-j", job_id).stdout.strip()
+        info = show_job(cluster, job_id)
+        if not queued and info.get("JobState") in TERMINAL:
+            return info
+        if time.monotonic() > deadline:
+            cluster.run("scancel", job_id)
+            pytest.fail(f"job {job_id} not finished after {timeout} s: {info.get('JobState')}")
+        time.sleep(0.5)  # poll interval only; the deadline decides
+
+
+def seconds(slurm_time: str) -> int:
+    """Slurm's [D-]HH:MM:SS as seconds."""
+    days, _, clock = slurm_time.rpartition("-")
+    h, m, s = (["0"] * 3 + clock.split(":"))[-3:]
+    return int(days or 0) * 86400 + int(h) * 3600 + int(m) * 60 + int(s)
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    log: Path
+    results: Path
+    script: Path
+    info: dict
+    wall_s: float
+
+    @property
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else "<no log>"
+
+
+def ddl_submit(cluster: Cluster, out: Path, data: Path, *flags: str) -> Submitted:
+    """`ddl submit` a small 2-node run for real and wait for the job to end."""
+    start = time.monotonic()
+    proc = run_ddl("submit", "--nodes", "2", *SMALL_RUN, "--data-dir", str(data),
+                   "--output-dir", str(out), "--time", "00:10:00", *flags,
+                   cwd=out.parent, env=cluster.env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = re.search(r"^ddl: submitted job (\d+) ", proc.stdout, re.M).group(1)
+    paths = {k: Path(v) for k, v in re.findall(r"^\s+(script|log|results):\s+(\S+)$",
+                                               proc.stdout, re.M)}
+    info = wait_for_job(cluster, job_id)
+    return Submitted(job_id, paths["log"], paths["results"], paths["script"], info,
+                     time.monotonic() - start)
+
+
+def rendezvous_line(log: str) -> tuple[str, int]:
+    match = re.search(r"^ddl: job \d+ on 2 node\(s\): \S+; rendezvous (\S+):(\d+)$", log, re.M)
+    assert match, log
+    return match.group(1), int(match.group(2))
+
+
+# (site profile, launcher flag or None for the site's default)
+STYLES = {
+    "srun": ("local-slurm", None),
+    "srun-jsc-rules": ("local-slurm-jsc", "srun"),
+    "torchrun": ("local-slurm-jsc", "torchrun"),
+    "torchrun_jsc": ("local-slurm-jsc", "torchrun_jsc"),
+}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+def test_two_node_job_in_each_launch_style(style, slurm, synthetic_mnist, tmp_path):
+    site, launcher = STYLES[style]
+    out = tmp_path / "out"
+    flags = ["--site", site] + (["--launcher", launcher] if launcher else [])
+    job = ddl_submit(slurm, out, synthetic_mnist, *flags)
+    log = job.log_text
+    assert job.info["JobState"] == "COMPLETED", f"job {job.job_id}: {job.info}\n{log}"
+    assert job.info["NumNodes"] == "2" and job.info["NodeList"] == "node[1-2]", job.info
+
+    # the script that ran is the one ddl wrote, in the requested launch style
+    script = job.script.read_text()
+    assert job.info["Command"] == str(job.script)
+    expected = launcher or "srun"
+    tasks = 4 if expected == "srun" else 1
+    assert f"--launcher={expected} --nproc=4 " in script, script
+    assert f"srun --ntasks-per-node={tasks} " in script, script
+
+    results = json.loads(job.results.read_text())
+    assert results["world"]["size"] == 8, results["world"]  # 2 nodes x 4 processes
+    assert results["site"] == site
+    config = json.loads(job.results.with_name("config.json").read_text())
+    assert config["launcher"] == expected
+    assert re.search(r"^ddl: mnist \(tiny\) with ddp on 8 process\(es\)", log, re.M), log
+
+    host, port = rendezvous_line(log)
+    if site == "local-slurm":  # no suffix: the first node's hostname, port 29500
+        assert (host, port) == ("node1", 29500), log
+    else:  # JSC's rules: node1 + "i", resolved (inside the job) to the IB address, port 7010
+        ib_addr, eth_addr = slurm.address("node1i"), slurm.address("node1")
+        assert ib_addr != eth_addr  # NETNS=1: the IB name is not the hostname's address
+        assert (host, port) == (ib_addr, 7010), log
+
+
+WORKER = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"worker rank {dist.get_rank()} world {dist.get_world_size()} sum {int(t.item())}",
+      flush=True)
+dist.destroy_process_group()
+"""
+
+# JSC's course set-up by hand: one torchrun per node, rendezvous on the first node's
+# InfiniBand name. SLURM_NODEID is expanded in each task (single quotes), never in the
+# batch shell. FIX=1 adds what torchrun_jsc (and ddl) pass; FIX=0 is plain torchrun.
+RAW_JOB = """\
+#!/bin/bash
+#SBATCH --job-name=raw-torchrun-{name}
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=00:05:00
+#SBATCH --output={out}/%x-%j.out
+set -euo pipefail
+first_node="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')"
+export RDZV_HOST="${{first_node}}i" RDZV_PORT=$((20000 + SLURM_JOB_ID % 10000))
+export FIX={fix} PY={python} WORKER={worker}
+echo "raw: endpoint $RDZV_HOST:$RDZV_PORT fix=$FIX"
+srun --ntasks-per-node=1 bash -c '
+  conf=read_timeout=10; extra=()
+  if [ "$FIX" = 1 ]; then
+    if [ "$SLURM_NODEID" = 0 ]; then conf=$conf,is_host=1; extra=(--local_addr="$RDZV_HOST")
+    else conf=$conf,is_host=0; fi
+  fi
+  exec "$PY" -m torch.distributed.run --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d \\
+    --rdzv_endpoint="$RDZV_HOST:$RDZV_PORT" --rdzv_id="$SLURM_JOB_ID" --rdzv_conf="$conf" \\
+    --max_restarts=0 "${{extra[@]}}" "$WORKER"'
+"""
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["plain-torchrun-fails", "is_host-works"])
+def test_jsc_rendezvous_failure_reproduced(fix, slurm, tmp_path):
+    """pytorch#73656: with the endpoint node1i, which is not node1's hostname, plain torchrun
+    finds no node that hosts the store and every agent times out as a client. The same
+    job with is_host/--local_addr (what ddl and torchrun_jsc pass) trains."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    name = "fix" if fix else "plain"
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(RAW_JOB.format(name=name, out=tmp_path, fix=int(fix),
+                                     python=shlex.quote(sys.executable),
+                                     worker=shlex.quote(str(worker))))
+    proc = slurm.run("sbatch", "--parsable", str(script))
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    info = wait_for_job(slurm, job_id)
+    log = (tmp_path / f"raw-torchrun-{name}-{job_id}.out").read_text()
+    assert re.search(r"^raw: endpoint node1i:\d+ ", log, re.M), log
+    done = re.findall(r"^worker rank (\d) world 2 sum 2$", log, re.M)
+    if fix:
+        assert info["JobState"] == "COMPLETED", f"{info}\n{log}"
+        assert sorted(done) == ["0", "1"], log
+    else:
+        assert info["JobState"] == "FAILED", f"{info}\n{log}"
+        assert done == [], log
+        # both agents are clients of a store nobody hosts
+        assert "RendezvousConnectionError" in log, log
+        assert re.search(r"failed to connect/validate to host node1i:\d+", log), log
+
+
+def test_unresolvable_rendezvous_host_fails_fast(slurm, synthetic_mnist, tmp_path):
+    out = tmp_path / "out"
+    job = ddl_submit(slurm, out, synthetic_mnist, "--site", "local-slurm-nosuch")
+    log = job.log_text
+    assert job.info["JobState"] == "FAILED", f"{job.info}\n{log}"
+    assert job.info["TimeLimit"] == "00:10:00"
+    # fast: the job script stops before srun, long before its time limit
+    assert seconds(job.info["RunTime"]) < 30, job.info
+    assert job.wall_s < 60, job.wall_s
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert len(lines) == 1, log  # one line, no traceback, no srun
+    assert re.fullmatch(r"ddl: rendezvous host node1-nosuch does not resolve on node1; "
+                        r"refusing to start .*", lines[0]), lines[0]
+    assert not job.results.exists()
+    assert not job.results.parent.exists()  # no worker ever started
+
+
+def test_jobs_see_the_cluster_name(slurm):
+    """local-slurm.toml's `detect` relies on SLURM_CLUSTER_NAME inside jobs."""
+    assert "SLURM_CLUSTER_NAME=local" in slurm.node1_task, slurm.node1_task
