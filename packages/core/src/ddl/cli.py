@@ -28,6 +28,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
 def _train_flags(p: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS  # only flags actually given override the config file and site
     p.add_argument("--config", type=Path, default=S, help="TOML file of run settings")
@@ -35,6 +42,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default=S, help="parallelism strategy (default: ddp)")
     p.add_argument("--site", default=S, help="site profile (default: local)")
     p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
+    p.add_argument("--strategy-option", dest="strategy_options", action="append",
+                   type=_key_value, default=S, metavar="KEY=VALUE",
+                   help="strategy setting, repeatable (see `ddl plugins`)")
     p.add_argument("--nproc", type=int, default=S,
                    help="local worker processes (default: the site's, 2 on `local`)")
     p.add_argument("--epochs", type=int, default=S, help="default: the preset's")
@@ -120,7 +130,10 @@ SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_na
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
     skip = ("command", "config", "synthetic", *SUBMIT_ONLY)
-    return {k: v for k, v in vars(ns).items() if k not in skip}
+    flags = {k: v for k, v in vars(ns).items() if k not in skip}
+    if "strategy_options" in flags:
+        flags["strategy_options"] = dict(flags["strategy_options"])
+    return flags
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -256,6 +269,9 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     forwarded = []
     for key, value in flags.items():
         if key in ("site", "launcher", "nproc", "run_dir"):
+            continue
+        if key == "strategy_options":
+            forwarded += [f"--strategy-option={k}={v}" for k, v in value.items()]
             continue
         if isinstance(value, Path):
             value = value.resolve()

@@ -46,6 +46,8 @@ class RunConfig(BaseModel):
     batch_size: int | None = Field(None, ge=1, description="samples per replica per step")
     global_batch_size: int | None = Field(
         None, ge=1, description="samples per optimizer step over all replicas")
+    strategy_options: dict[str, str] = Field(
+        default_factory=dict, description="strategy-specific settings (KEY=VALUE)")
     lr: float | None = Field(None, gt=0, description="learning rate before scaling")
     lr_scaling: Literal["none", "linear"] = Field(
         "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")

@@ -71,7 +71,7 @@ class StrategySpec:
 
     name: str
     summary: str
-    factory: str | Callable[..., Any]  # called as factory() -> ddl.strategy.Strategy
+    factory: str | Callable[..., Any]  # called as factory(options) -> ddl.strategy.Strategy
     requires: frozenset[str] = frozenset()  # workload capabilities it cannot work without
     plugin: str = ""
 
@@ -79,5 +79,5 @@ class StrategySpec:
         """The light check used for listings; the strategy's own check() decides at run time."""
         return self.requires <= workload.capabilities
 
-    def create(self) -> Any:
-        return load_factory(self.factory)()
+    def create(self, options: Mapping[str, str] | None = None) -> Any:
+        return load_factory(self.factory)(dict(options or {}))

@@ -22,6 +22,41 @@ if TYPE_CHECKING:
 
 class Strategy(ABC):
     name: str = ""
+    #: Options a user may pass as ``--strategy-option KEY=VALUE``: name -> description.
+    options_help: dict[str, str] = {}
+
+    def __init__(self, options: dict[str, str] | None = None) -> None:
+        from ddl.errors import UsageError
+
+        self.options = dict(options or {})
+        unknown = sorted(set(self.options) - set(self.options_help))
+        if unknown:
+            allowed = ", ".join(sorted(self.options_help)) or "none"
+            raise UsageError(f"--strategy-option: {self.name} has no option {unknown[0]!r}; "
+                             f"allowed: {allowed}")
+
+    def option_number(self, name: str, default: float) -> float:
+        from ddl.errors import UsageError
+
+        value = self.options.get(name)
+        if value is None:
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            raise UsageError(f"--strategy-option: {name}={value!r} is not a number") from None
+
+    def option_flag(self, name: str, default: bool) -> bool:
+        from ddl.errors import UsageError
+
+        value = self.options.get(name)
+        if value is None:
+            return default
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"--strategy-option: {name}={value!r}; allowed: true, false")
 
     def check(self, workload: Workload, world: World) -> None:
         """Raise :class:`ddl.errors.UsageError` naming what is supported if this strategy

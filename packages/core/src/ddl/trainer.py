@@ -25,6 +25,7 @@ from ddl.config import RunConfig, resolve_batch, scaled_lr
 from ddl.data import eval_loader, train_loader
 from ddl.distributed import World, seed_all
 from ddl.errors import UsageError
+from ddl.memory import gather, rank_memory
 from ddl.metrics import MetricSums
 from ddl.precision import Precision
 from ddl.plugins import Plugins
@@ -66,7 +67,7 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
                          f"{', '.join(wspec.presets)}")
     preset = wspec.presets[preset_name]
     workload: Workload = wspec.create(preset)
-    strategy: Strategy = sspec.create()
+    strategy: Strategy = sspec.create(config.strategy_options)
     strategy.check(workload, world)
     dp_size = strategy.data_parallel_size(world)
     per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
@@ -211,9 +212,11 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     test_metrics = evaluate(strategy.eval_model(model), test_loader, workload, world, precision)
     test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
     say(world, f"test  {_fmt(test_metrics)}")
+    memory = gather(rank_memory(model, optimizer, world.device), world.size)
     state = strategy.full_state_dict(model)
     results = _results(config, world, layout, workload, epochs, val_metrics, test_metrics,
                        started, data_dir, model)
+    results["memory_per_rank"] = memory
     results["versions"]["plugins"] = {
         role: plugins.version_of(spec.plugin) or spec.plugin
         for role, spec in (("workload", plugins.workload(config.plugin)),

@@ -24,13 +24,15 @@ from ddl.strategy import Strategy
 
 class DDPStrategy(Strategy):
     name = "ddp"
+    options_help = {"bucket_cap_mb": "size of DDP's gradient buckets in MB (default 25)"}
 
     def wrap(self, model: nn.Module, world: World) -> nn.Module:
         model = model.to(world.device)
         # DDP broadcasts rank 0's parameters and buffers at construction, so replicas start
         # identical even if a workload's initialisation were not seeded alike.
         device_ids = [world.device.index] if world.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        bucket = self.option_number("bucket_cap_mb", 25.0)
+        return DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=bucket)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # Evaluate on the plain module: DDP's forward would sync buffers every call, which

@@ -12,4 +12,10 @@ def ddl_register_strategies():
             summary="DistributedDataParallel: full replica per process, gradients all-reduced",
             factory="ddl_strategies.ddp:DDPStrategy",
         ),
+        StrategySpec(
+            name="fsdp",
+            summary="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded "
+                    "over the ranks",
+            factory="ddl_strategies.fsdp:FSDPStrategy",
+        ),
     ]

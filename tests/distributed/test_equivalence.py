@@ -1,7 +1,7 @@
-"""Same seed, same global batch: DDP on 2 processes ends with the parameters of 1 process.
+"""Same seed, same global batch: every strategy ends with the parameters of one process.
 
-Both runs go through the real CLI: 2 processes under torch's elastic launcher talking over
-gloo, against a world of one. Gradients averaged over 2 replicas of 32 samples must equal
+All runs go through the real CLI: N processes under torch's elastic launcher talking over
+gloo, against a world of one. Gradients averaged over N replicas of 64/N samples must equal
 the gradient of one 64-sample batch, so after every step the weights agree up to float
 rounding (~1e-7 here; the design's bar is 1e-5 relative).
 """
@@ -19,10 +19,10 @@ COMMON = ["train", "--preset", "tiny", "--global-batch-size", "64", "--epochs", 
           "--steps-per-epoch", "3", "--seed", "7"]
 
 
-def _train(tmp_path, data_dir, nproc):
-    run_dir = tmp_path / f"np{nproc}"
+def _train(tmp_path, data_dir, nproc, strategy="ddp"):
+    run_dir = tmp_path / f"{strategy}-np{nproc}"
     proc = run_ddl(*COMMON, "--nproc", str(nproc), "--data-dir", str(data_dir),
-                   "--run-dir", str(run_dir), cwd=tmp_path)
+                   "--run-dir", str(run_dir), "--strategy", strategy, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((run_dir / "results.json").read_text())
     weights = torch.load(run_dir / "model.pt", weights_only=True)
@@ -37,11 +37,18 @@ def _initial_weights():
     return MnistWorkload(PRESETS["tiny"]).build_model().state_dict()
 
 
-def test_two_ranks_match_one_process(tmp_path, synthetic_mnist):
-    one, w1 = _train(tmp_path, synthetic_mnist, 1)
-    two, w2 = _train(tmp_path, synthetic_mnist, 2)
-    assert one["world"]["size"] == 1 and two["world"]["size"] == 2
-    assert two["batch"] == {"per_replica": 32, "global": 64}
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory, synthetic_mnist):
+    return _train(tmp_path_factory.mktemp("reference"), synthetic_mnist, 1)
+
+
+@pytest.mark.parametrize("strategy, nproc", [("ddp", 2), ("fsdp", 2), ("fsdp", 4)])
+def test_n_ranks_match_one_process(tmp_path, synthetic_mnist, single_process, strategy, nproc):
+    one, w1 = single_process
+    two, w2 = _train(tmp_path, synthetic_mnist, nproc, strategy)
+    assert one["world"]["size"] == 1 and two["world"]["size"] == nproc
+    assert two["strategy"] == strategy
+    assert two["batch"] == {"per_replica": 64 // nproc, "global": 64}
     assert one["steps_per_epoch"] == two["steps_per_epoch"] == 3  # 6 optimizer steps in all
 
     initial = _initial_weights()
@@ -50,6 +57,14 @@ def test_two_ranks_match_one_process(tmp_path, synthetic_mnist):
         assert not torch.equal(w1[name], initial[name]), f"{name} never changed"
         torch.testing.assert_close(w2[name], w1[name], rtol=1e-5, atol=1e-6,
                                    msg=lambda m, n=name: f"{n}: {m}")
+    # FSDP keeps 1/N of the parameters, gradients and optimizer state on each rank
+    full = one["memory_per_rank"][0]["model_state_bytes"]
+    per_rank = [m["model_state_bytes"] for m in two["memory_per_rank"]]
+    assert len(per_rank) == nproc
+    if strategy == "fsdp":
+        assert max(per_rank) <= full / nproc * 1.10, (per_rank, full)
+    else:
+        assert per_rank == [full] * nproc
     # metrics are exact over all samples, so they agree too
     for split in ("val", "test"):
         for metric, value in one["final"][split].items():

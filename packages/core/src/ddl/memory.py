@@ -1,0 +1,44 @@
+"""Per-rank memory of what training keeps: parameters, gradients, optimizer state.
+
+Counted from the tensors this rank actually holds (for sharded DTensors, the local shard),
+so DDP shows the full model on every rank and FSDP about 1/N of it. The process's peak
+resident memory (and, on GPUs, torch's peak allocation) are reported next to it.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                device: torch.device) -> dict[str, int]:
+    params = sum(_local_bytes(p) for p in model.parameters())
+    grads = sum(_local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+    state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    report = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": state,
+              "model_state_bytes": params + grads + state,
+              "peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
+    if device.type == "cuda":
+        report["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    return report
+
+
+def gather(report: dict[str, Any], world_size: int) -> list[dict[str, Any]]:
+    """Every rank's report, in rank order (a collective)."""
+    if world_size == 1:
+        return [report]
+    reports: list[Any] = [None] * world_size
+    dist.all_gather_object(reports, report)
+    return reports
