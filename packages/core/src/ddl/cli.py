@@ -204,8 +204,9 @@ def _preflight(config, plugins, world_size: int, default_data_dir: bool) -> None
     from ddl.trainer import build
 
     site = get_site(config.site, plugins)
-    stand_in = World(rank=0, local_rank=0, size=world_size, device=torch.device("cpu"),
-                     backend=site.backend)
+    gpu = config.device == "cuda" or (config.device == "auto" and site.accelerator != "cpu")
+    stand_in = World(rank=0, local_rank=0, size=world_size,
+                     device=torch.device("cuda" if gpu else "cpu"), backend=site.backend)
     workload, _, _ = build(config, stand_in, plugins)
     data_dir = Path(config.data_dir)
     if not default_data_dir and not data_dir.is_dir():

@@ -73,6 +73,10 @@ class Strategy(ABC):
     def wrap(self, model: nn.Module, world: World) -> nn.Module:
         """Place ``model`` on ``world.device`` and parallelise it."""
 
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Called once the optimizer exists (built on the wrapped model's parameters)."""
+        return optimizer
+
     def train_step(self, model: nn.Module, batch: tuple[Any, Any], workload: Workload,
                    optimizer: torch.optim.Optimizer, precision: Precision
                    ) -> tuple[torch.Tensor, Any]:

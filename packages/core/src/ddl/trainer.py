@@ -140,7 +140,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
 
     seed_all(config.seed)  # identical initial weights on every rank
     model = strategy.wrap(workload.build_model(), world)
-    optimizer = workload.optimizer(model.parameters(), layout.lr)
+    optimizer = strategy.prepare_optimizer(workload.optimizer(model.parameters(), layout.lr))
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
     precision = Precision.create(config.precision, world.device)

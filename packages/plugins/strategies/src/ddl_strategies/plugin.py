@@ -18,4 +18,9 @@ def ddl_register_strategies():
                     "over the ranks",
             factory="ddl_strategies.fsdp:FSDPStrategy",
         ),
+        StrategySpec(
+            name="accelerate",
+            summary="Hugging Face Accelerate's Accelerator (mode=ddp or mode=fsdp)",
+            factory="ddl_strategies.accelerate:AccelerateStrategy",
+        ),
     ]

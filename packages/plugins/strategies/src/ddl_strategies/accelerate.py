@@ -1,0 +1,88 @@
+"""The same runs driven through Hugging Face Accelerate, for users who know its API.
+
+``Accelerator.prepare`` wraps the model the way Accelerate would in a user's own script:
+``mode=ddp`` (default) gives torch's DistributedDataParallel, ``mode=fsdp`` FSDP2 through
+Accelerate's ``FullyShardedDataParallelPlugin(fsdp_version=2)`` sharding the workload's
+FSDP units. The backward pass goes through ``accelerator.backward``. Everything else —
+data sharding, learning-rate schedule, metrics, results — is ddl's, so an Accelerate run
+is directly comparable with the native strategies (the equivalence test checks it).
+
+Verified on CPU: ``mode=ddp``. ``mode=fsdp`` is written for GPU nodes and refused on CPU,
+where Accelerate ignores the FSDP plugin and would train unsharded without saying so.
+
+ddl has already joined the process group; Accelerate detects it and uses it. On CPU,
+``Accelerator(cpu=True)`` is required (see the platform notes: ``accelerate launch --cpu``
+would silently run one process). Mixed precision stays ddl's ``--precision`` (autocast), so
+Accelerate's own is left off rather than applied twice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ddl.distributed import World
+from ddl.errors import UsageError
+from ddl.strategy import Strategy
+from ddl.workload import Workload
+
+
+class AccelerateStrategy(Strategy):
+    name = "accelerate"
+    options_help = {"mode": "ddp (default) or fsdp: which of Accelerate's paths to use"}
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.mode = self.options.get("mode", "ddp")
+        if self.mode not in ("ddp", "fsdp"):
+            raise UsageError(f"--strategy-option: mode={self.mode!r}; allowed: ddp, fsdp")
+        self.workload: Workload | None = None
+        self.accelerator = None
+
+    def check(self, workload: Workload, world: World) -> None:
+        self.workload = workload
+        if self.mode == "fsdp" and world.device.type != "cuda":
+            # Accelerate switches to FSDP only for GPU-type worlds; on CPU it would silently
+            # train unsharded DDP-style (seen with accelerate 1.15: fsdp_plugin ignored).
+            raise UsageError("--strategy-option: accelerate mode=fsdp needs GPUs (Accelerate "
+                             "ignores its FSDP plugin on CPU); on CPU use mode=ddp or "
+                             "--strategy fsdp")
+
+    def _make_accelerator(self, model: nn.Module, world: World):
+        from accelerate import Accelerator
+
+        kwargs = {"cpu": world.device.type == "cpu", "mixed_precision": "no"}
+        if self.mode == "fsdp":
+            from accelerate.utils import FullyShardedDataParallelPlugin
+
+            units = self.workload.fsdp_units(model) if self.workload else []
+            kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+                fsdp_version=2, reshard_after_forward=True,
+                auto_wrap_policy="transformer_based_wrap" if units else "no_wrap",
+                transformer_cls_names_to_wrap=sorted({type(u).__name__ for u in units}) or None)
+        return Accelerator(**kwargs)
+
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
+        self.accelerator = self._make_accelerator(model, world)
+        return self.accelerator.prepare_model(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return self.accelerator.prepare_optimizer(optimizer)
+
+    def train_step(self, model, batch, workload, optimizer, precision):
+        inputs, targets = batch
+        optimizer.zero_grad(set_to_none=True)
+        with precision.autocast():
+            outputs = workload.forward(model, inputs)
+            loss = workload.loss(outputs, targets)
+        self.accelerator.backward(loss)
+        optimizer.step()
+        return loss.detach(), outputs
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        # DDP's plain module avoids buffer syncs; FSDP must run sharded on every rank.
+        return model if self.mode == "fsdp" else self.accelerator.unwrap_model(model)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        state = self.accelerator.get_state_dict(model)  # gathers shards under FSDP
+        return {k: v.detach().cpu() for k, v in (state or {}).items()}
