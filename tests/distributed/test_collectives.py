@@ -25,9 +25,6 @@ def _worker(rank, world_size, init_file, n, queue):
         def to_device(self, batch, device):
             return batch[0], batch[0]
 
-        def forward(self, model, inputs):
-            return inputs
-
         def sample_metrics(self, outputs, targets):
             return {"value": outputs.float(), "square": outputs.float() ** 2}
 
@@ -35,7 +32,7 @@ def _worker(rank, world_size, init_file, n, queue):
                   backend="gloo")
     loader = eval_loader(TensorDataset(torch.arange(n)), batch_size=2, replicas=world_size,
                          rank=rank, workers=0, pin_memory=False)
-    queue.put((rank, evaluate(torch.nn.Identity(), loader, Echo(), world)))
+    queue.put((rank, evaluate(lambda inputs, targets: inputs, loader, Echo(), world)))
     dist.destroy_process_group()
 
 

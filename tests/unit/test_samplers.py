@@ -28,10 +28,11 @@ def test_global_batches_do_not_depend_on_replica_count(n, global_batch, replicas
     assert len(single) == n // global_batch
 
 
-@pytest.mark.parametrize("n, replicas", [(7, 2), (10, 3), (3, 4), (12, 4)])
-def test_eval_shards_cover_each_sample_once(n, replicas):
-    samplers = [EvalShardSampler(n, replicas, r) for r in range(replicas)]
+@pytest.mark.parametrize("n, replicas, batch", [(7, 2, 1), (10, 3, 2), (3, 4, 1), (12, 4, 5)])
+def test_eval_shards_cover_each_sample_once(n, replicas, batch):
+    samplers = [EvalShardSampler(n, replicas, r, batch) for r in range(replicas)]
     assert len({len(s) for s in samplers}) == 1  # same number of forwards on every rank
+    assert len(samplers[0]) % batch == 0  # whole batches only
     real = sorted(i for s in samplers for i in list(s)[: s.real])
     assert real == list(range(n))
 

@@ -24,12 +24,15 @@ if TYPE_CHECKING:
 
 
 class EvalShardSampler(Sampler[int]):
-    """Replica r reads samples r, r+R, r+2R, ... then pads to ceil(N/R) with early indices."""
+    """Replica r reads samples r, r+R, r+2R, ... then pads with early indices up to the same
+    count on every replica, rounded up to whole batches (so every forward has the batch
+    shape that training had; pipeline stages and compiled models need that)."""
 
-    def __init__(self, dataset_len: int, replicas: int, rank: int) -> None:
+    def __init__(self, dataset_len: int, replicas: int, rank: int, batch_size: int = 1) -> None:
         self.dataset_len = dataset_len
         self.real = len(range(rank, dataset_len, replicas))  # samples this replica owns
-        self.total = math.ceil(dataset_len / replicas)
+        per_replica = math.ceil(dataset_len / replicas)
+        self.total = math.ceil(per_replica / batch_size) * batch_size
         self._indices = list(range(rank, dataset_len, replicas))
         self._indices += [i % dataset_len for i in range(self.total - self.real)]
 
@@ -51,6 +54,6 @@ def train_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int,
 
 def eval_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, workers: int,
                 pin_memory: bool) -> DataLoader:
-    sampler = EvalShardSampler(len(dataset), replicas, rank)
+    sampler = EvalShardSampler(len(dataset), replicas, rank, batch_size)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
                       num_workers=workers, pin_memory=pin_memory)

@@ -35,8 +35,17 @@ class MetricSums:
         self._count += weight.sum() if weight is not None else any_values.shape[0]
 
     def reduce(self, world: World) -> dict[str, float]:
-        """Global means over every sample on every rank (a collective: all ranks call it)."""
+        """Global means over every sample on every rank (a collective: all ranks call it).
+
+        Ranks may hold different metrics or none at all (under pipeline parallelism only
+        the last stage sees outputs), so the names are agreed first."""
         names = sorted(self._sums)
+        if world.size > 1:
+            everyone: list = [None] * world.size
+            dist.all_gather_object(everyone, names)
+            names = sorted(set().union(*everyone))
+        for name in names:
+            self._sums.setdefault(name, torch.zeros((), dtype=torch.float64, device=self.device))
         packed = torch.stack([self._sums[n] for n in names] + [self._count])
         if world.size > 1:
             dist.all_reduce(packed, op=dist.ReduceOp.SUM)

@@ -94,6 +94,13 @@ class Strategy(ABC):
         """The module to run evaluation forwards on."""
         return model
 
+    def eval_step(self, model: nn.Module, inputs: Any, targets: Any, workload: Workload,
+                  precision: Precision) -> Any:
+        """Outputs for one evaluation batch, or None on ranks that produce none (all ranks
+        call it with the same batch shape)."""
+        with precision.autocast():
+            return workload.forward(self.eval_model(model), inputs)
+
     @abstractmethod
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The complete, unwrapped weights (plain tensors; valid on rank 0 at least)."""

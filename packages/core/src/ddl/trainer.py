@@ -109,21 +109,27 @@ def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
     return factor
 
 
-def evaluate(model: torch.nn.Module, loader, workload: Workload, world: World,
-             precision: Precision | None = None) -> dict[str, float]:
+def _batch_len(targets: Any) -> int:
+    if isinstance(targets, dict):
+        targets = next(iter(targets.values()))
+    return targets.shape[0] if hasattr(targets, "shape") else len(targets)
+
+
+def evaluate(step, loader, workload: Workload, world: World) -> dict[str, float]:
+    """Exact metrics over a split: ``step(inputs, targets)`` gives outputs (or None on ranks
+    without any); padding positions of the shard get weight zero."""
     sums = MetricSums(world.device)
     real = loader.sampler.real  # positions beyond this on this rank are padding
     position = 0
-    model.eval()
     with torch.no_grad():
         for batch in loader:
             inputs, targets = workload.to_device(batch, world.device)
-            with precision.autocast() if precision else contextlib.nullcontext():
-                outputs = workload.forward(model, inputs)
-            per_sample = workload.sample_metrics(outputs, targets)
-            n = next(iter(per_sample.values())).shape[0]
-            positions = torch.arange(position, position + n, device=world.device)
-            sums.add(per_sample, weight=(positions < real).to(torch.float64))
+            outputs = step(inputs, targets)
+            n = _batch_len(targets)
+            if outputs is not None:
+                per_sample = workload.sample_metrics(outputs, targets)
+                positions = torch.arange(position, position + n, device=world.device)
+                sums.add(per_sample, weight=(positions < real).to(torch.float64))
             position += n
     return sums.reduce(world)
 
@@ -160,6 +166,9 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         eval_loader(splits[s], batch_size=layout.batch_per_replica, replicas=layout.dp_size,
                     rank=dp_rank, workers=workers, pin_memory=pin) for s in ("val", "test"))
 
+    def eval_step(inputs, targets):
+        return strategy.eval_step(model, inputs, targets, workload, precision)
+
     say(world, f"ddl: {config.plugin} ({layout.preset}) with {config.strategy} on "
                f"{world.size} process(es), {world.device.type}/{world.backend}, "
                f"{precision.name}, {workers} loader worker(s); global batch "
@@ -192,8 +201,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         seconds = time.perf_counter() - t0
         train_metrics = sums.reduce(world)
         t_eval = time.perf_counter()
-        val_metrics = evaluate(strategy.eval_model(model), val_loader, workload, world,
-                               precision)
+        model.eval()
+        val_metrics = evaluate(eval_step, val_loader, workload, world)
         samples = layout.steps_per_epoch * layout.global_batch
         record = {"epoch": epoch, "warmup": epoch == 1, "time_s": seconds,
                   "samples": samples, "samples_per_s": samples / seconds,
@@ -209,7 +218,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         if world.is_main:
             rundir.append_jsonl(run_dir / rundir.METRICS, record)
 
-    test_metrics = evaluate(strategy.eval_model(model), test_loader, workload, world, precision)
+    model.eval()
+    test_metrics = evaluate(eval_step, test_loader, workload, world)
     test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
     say(world, f"test  {_fmt(test_metrics)}")
     memory = gather(rank_memory(model, optimizer, world.device), world.size)
