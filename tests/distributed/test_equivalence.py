@@ -19,10 +19,10 @@ COMMON = ["train", "--preset", "tiny", "--global-batch-size", "64", "--epochs", 
           "--steps-per-epoch", "3", "--seed", "7"]
 
 
-def _train(tmp_path, data_dir, nproc, strategy="ddp"):
+def _train(tmp_path, data_dir, nproc, strategy="ddp", *extra):
     run_dir = tmp_path / f"{strategy}-np{nproc}"
     proc = run_ddl(*COMMON, "--nproc", str(nproc), "--data-dir", str(data_dir),
-                   "--run-dir", str(run_dir), "--strategy", strategy, cwd=tmp_path)
+                   "--run-dir", str(run_dir), "--strategy", strategy, *extra, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((run_dir / "results.json").read_text())
     weights = torch.load(run_dir / "model.pt", weights_only=True)
@@ -42,14 +42,19 @@ def single_process(tmp_path_factory, synthetic_mnist):
     return _train(tmp_path_factory.mktemp("reference"), synthetic_mnist, 1)
 
 
-@pytest.mark.parametrize("strategy, nproc", [("ddp", 2), ("fsdp", 2), ("fsdp", 4),
-                                             ("accelerate", 2)])
-def test_n_ranks_match_one_process(tmp_path, synthetic_mnist, single_process, strategy, nproc):
+@pytest.mark.parametrize("strategy, nproc, extra", [
+    ("ddp", 2, ()), ("fsdp", 2, ()), ("fsdp", 4, ()), ("accelerate", 2, ()),
+    ("pp", 2, ()),  # GPipe, 2 stages, 4 microbatches
+    ("pp", 3, ("--strategy-option", "schedule=1f1b", "--microbatches", "8")),
+])
+def test_n_ranks_match_one_process(tmp_path, synthetic_mnist, single_process, strategy, nproc,
+                                   extra):
     one, w1 = single_process
-    two, w2 = _train(tmp_path, synthetic_mnist, nproc, strategy)
+    two, w2 = _train(tmp_path, synthetic_mnist, nproc, strategy, *extra)
     assert one["world"]["size"] == 1 and two["world"]["size"] == nproc
     assert two["strategy"] == strategy
-    assert two["batch"] == {"per_replica": 64 // nproc, "global": 64}
+    replicas = 1 if strategy == "pp" else nproc  # pipeline stages all see the whole batch
+    assert two["batch"] == {"per_replica": 64 // replicas, "global": 64}
     assert one["steps_per_epoch"] == two["steps_per_epoch"] == 3  # 6 optimizer steps in all
 
     initial = _initial_weights()
@@ -62,8 +67,10 @@ def test_n_ranks_match_one_process(tmp_path, synthetic_mnist, single_process, st
     full = one["memory_per_rank"][0]["model_state_bytes"]
     per_rank = [m["model_state_bytes"] for m in two["memory_per_rank"]]
     assert len(per_rank) == nproc
-    if strategy in ("fsdp",):
+    if strategy == "fsdp":
         assert max(per_rank) <= full / nproc * 1.10, (per_rank, full)
+    elif strategy == "pp":  # each stage holds its own layers only; together, the model
+        assert sum(per_rank) == full and max(per_rank) < full
     else:
         assert per_rank == [full] * nproc
     # metrics are exact over all samples, so they agree too

@@ -35,6 +35,17 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _mesh(text: str) -> dict[str, int]:
+    mesh: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r} is not DIM=N with N >= 1 "
+                                             "(e.g. dp=2,tp=2)")
+        mesh[name] = int(size)
+    return mesh
+
+
 def _train_flags(p: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS  # only flags actually given override the config file and site
     p.add_argument("--config", type=Path, default=S, help="TOML file of run settings")
@@ -42,6 +53,10 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default=S, help="parallelism strategy (default: ddp)")
     p.add_argument("--site", default=S, help="site profile (default: local)")
     p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
+    p.add_argument("--mesh", type=_mesh, default=S, metavar="DIM=N,...",
+                   help="parallel degrees, e.g. dp=2,tp=2 (strategies with several dims)")
+    p.add_argument("--microbatches", type=int, default=S,
+                   help="pipeline microbatches per step (pp; default: 2 x stages)")
     p.add_argument("--strategy-option", dest="strategy_options", action="append",
                    type=_key_value, default=S, metavar="KEY=VALUE",
                    help="strategy setting, repeatable (see `ddl plugins`)")
@@ -274,6 +289,8 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         if key == "strategy_options":
             forwarded += [f"--strategy-option={k}={v}" for k, v in value.items()]
             continue
+        if key == "mesh":
+            value = ",".join(f"{k}={v}" for k, v in value.items())
         if isinstance(value, Path):
             value = value.resolve()
         forwarded.append(f"--{key.replace('_', '-')}={value}")

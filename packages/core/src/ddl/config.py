@@ -48,6 +48,10 @@ class RunConfig(BaseModel):
         None, ge=1, description="samples per optimizer step over all replicas")
     strategy_options: dict[str, str] = Field(
         default_factory=dict, description="strategy-specific settings (KEY=VALUE)")
+    mesh: dict[str, int] = Field(
+        default_factory=dict, description="parallel degrees by name, e.g. {dp: 2, tp: 2}; "
+        "the strategy fills in what is missing from the world size")
+    microbatches: int | None = Field(None, ge=1, description="pipeline microbatches per step")
     lr: float | None = Field(None, gt=0, description="learning rate before scaling")
     lr_scaling: Literal["none", "linear"] = Field(
         "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")

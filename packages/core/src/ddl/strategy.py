@@ -58,6 +58,18 @@ class Strategy(ABC):
             return False
         raise UsageError(f"--strategy-option: {name}={value!r}; allowed: true, false")
 
+    def configure(self, config: Any) -> None:
+        """Receive the run configuration (``--mesh``, ``--microbatches``) before check()."""
+        self.config = config
+
+    def check_layout(self, layout: Any) -> None:
+        """Check the resolved batch layout (e.g. microbatches dividing the batch)."""
+
+    def report(self, world: World) -> dict[str, Any]:
+        """Strategy-specific measurements for results.json (a collective: all ranks call
+        it; return the same dict everywhere)."""
+        return {}
+
     def check(self, workload: Workload, world: World) -> None:
         """Raise :class:`ddl.errors.UsageError` naming what is supported if this strategy
         cannot run ``workload`` on ``world``."""

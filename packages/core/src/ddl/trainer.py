@@ -68,6 +68,7 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
     preset = wspec.presets[preset_name]
     workload: Workload = wspec.create(preset)
     strategy: Strategy = sspec.create(config.strategy_options)
+    strategy.configure(config)
     strategy.check(workload, world)
     dp_size = strategy.data_parallel_size(world)
     per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
@@ -76,6 +77,7 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
                     global_batch=global_batch, base_lr=base_lr,
                     lr=scaled_lr(config, base_lr, global_batch, preset.batch_size),
                     epochs=config.epochs or preset.epochs)
+    strategy.check_layout(layout)
     return workload, strategy, layout
 
 
@@ -223,10 +225,12 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
     say(world, f"test  {_fmt(test_metrics)}")
     memory = gather(rank_memory(model, optimizer, world.device), world.size)
+    strategy_report = strategy.report(world)
     state = strategy.full_state_dict(model)
     results = _results(config, world, layout, workload, epochs, val_metrics, test_metrics,
                        started, data_dir, model)
     results["memory_per_rank"] = memory
+    results["strategy_report"] = strategy_report
     results["versions"]["plugins"] = {
         role: plugins.version_of(spec.plugin) or spec.plugin
         for role, spec in (("workload", plugins.workload(config.plugin)),

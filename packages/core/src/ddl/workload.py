@@ -95,9 +95,35 @@ class Workload(ABC):
         return {}
 
     def pipeline_splits(self, model: nn.Module) -> list[str]:
-        """Module paths where a new pipeline stage begins, in order. Capability
-        ``pipeline_splits``."""
+        """Names of top-level children where a new pipeline stage may begin, in order.
+        Capability ``pipeline_splits``. The default :meth:`pipeline_stages` needs a model
+        whose forward is its top-level children applied in order (nn.Sequential-like)."""
         return []
+
+    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
+        """The model cut into ``n_stages`` modules; stage i's output is stage i+1's input,
+        the last stage's output goes to :meth:`loss`. Default: cut the top-level children
+        at ``n_stages - 1`` of the split points, spread evenly. Override for models that
+        are not sequential (e.g. an encoder-decoder)."""
+        from collections import OrderedDict
+
+        from torch import nn
+
+        splits = self.pipeline_splits(model)
+        if n_stages - 1 > len(splits):
+            from ddl.errors import UsageError
+            raise UsageError(f"{n_stages} pipeline stages need {n_stages - 1} split points; "
+                             f"this workload has {len(splits)} ({', '.join(splits) or 'none'})"
+                             f"; allowed: at most {len(splits) + 1} stages")
+        # len(splits) + 1 segments shared out as evenly as the split points allow
+        chosen = {splits[round(i * (len(splits) + 1) / n_stages) - 1]
+                  for i in range(1, n_stages)}
+        stages: list[list[tuple[str, nn.Module]]] = [[]]
+        for name, child in model.named_children():
+            if name in chosen:
+                stages.append([])
+            stages[-1].append((name, child))
+        return [nn.Sequential(OrderedDict(children)) for children in stages]
 
     def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
         """Optional extra test metrics computed once after training (e.g. ROUGE on generated

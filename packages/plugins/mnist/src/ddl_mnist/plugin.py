@@ -27,5 +27,6 @@ def ddl_register_workloads():
             factory="ddl_mnist.workload:MnistWorkload",
             presets=PRESETS,
             default_preset="course",
+            capabilities=frozenset({"fsdp_units", "pipeline_splits"}),
         ),
     ]

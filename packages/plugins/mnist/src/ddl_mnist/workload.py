@@ -30,17 +30,17 @@ MEAN, STD = 0.1307, 0.3081  # of the real MNIST training set, as in torchvision'
 
 
 class MnistCNN(nn.Module):
+    """Three top-level blocks applied in order, so pipeline stages can cut between them."""
+
     def __init__(self, channels: tuple[int, int] = (32, 64)) -> None:
         super().__init__()
         c1, c2 = channels
-        self.conv1 = nn.Conv2d(1, c1, kernel_size=5)
-        self.conv2 = nn.Conv2d(c1, c2, kernel_size=5)
-        self.fc = nn.Linear(c2 * 4 * 4, 10)
+        self.block1 = nn.Sequential(nn.Conv2d(1, c1, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2))
+        self.block2 = nn.Sequential(nn.Conv2d(c1, c2, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(c2 * 4 * 4, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc(torch.flatten(x, 1))  # logits; softmax is inside the loss
+        return self.head(self.block2(self.block1(x)))  # logits; softmax is inside the loss
 
 
 class MnistWorkload(Workload):
@@ -92,6 +92,12 @@ class MnistWorkload(Workload):
 
     def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=lr)
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        return [model.block1, model.block2]
+
+    def pipeline_splits(self, model: nn.Module) -> list[str]:
+        return ["block2", "head"]
 
     def flops_per_sample(self) -> float:
         """Forward multiply-adds x 2 FLOPs, x 3 for forward + backward."""

@@ -23,4 +23,11 @@ def ddl_register_strategies():
             summary="Hugging Face Accelerate's Accelerator (mode=ddp or mode=fsdp)",
             factory="ddl_strategies.accelerate:AccelerateStrategy",
         ),
+        StrategySpec(
+            name="pp",
+            summary="pipeline parallel (torch.distributed.pipelining): stages over ranks, "
+                    "GPipe/1F1B/interleaved schedules",
+            factory="ddl_strategies.pp:PipelineStrategy",
+            requires=frozenset({"pipeline_splits"}),
+        ),
     ]

@@ -1,0 +1,186 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``.
+
+The model is cut into consecutive stages (the workload says where: ``pipeline_stages``);
+each rank holds only its stage(s). A global batch is split into M microbatches that flow
+through the stages like an assembly line: while stage 2 works on microbatch 1, stage 1
+already computes microbatch 2. Activations go forward and gradients backward between
+neighbouring ranks with point-to-point sends.
+
+The price is the *bubble*: at the start and the end of each step some stages wait. With p
+stages and m microbatches, GPipe and 1F1B leave a fraction (p-1)/(m+p-1) of each stage's
+time idle (Huang et al., "GPipe", NeurIPS 2019; Narayanan et al., "PipeDream-Flush"/1F1B,
+ICML 2021). 1F1B has the same bubble as GPipe but holds at most p microbatches' activations
+instead of m. Interleaved 1F1B gives each rank v non-adjacent stages, shrinking the bubble to
+(p-1)/(v*m+p-1) for more communication (Narayanan et al., "Efficient Large-Scale Language
+Model Training on GPU Clusters Using Megatron-LM", SC 2021).
+
+ddl measures the bubble: each rank times the compute of its stages (the schedule's
+``forward_one_chunk`` / ``backward_one_chunk`` calls) against the wall time of the step,
+and reports the idle fraction next to the theory.
+
+Options: ``schedule`` (gpipe, 1f1b, interleaved1f1b, looped_bfs, interleaved_zb),
+``stages_per_rank`` (v; default 2 for the interleaved/looped schedules, 1 otherwise).
+``--microbatches`` sets m (default: 2 x stages); it must divide the per-replica batch.
+Gradients are averaged over microbatches (``scale_grads``), so one pipeline step equals one
+single-process step on the same batch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+)
+
+from ddl.distributed import World
+from ddl.errors import UsageError
+from ddl.strategy import Strategy
+from ddl.workload import Workload
+
+SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+MULTI = {"interleaved1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS,
+         "interleaved_zb": ScheduleInterleavedZeroBubble}
+
+
+class PipelineStrategy(Strategy):
+    name = "pp"
+    options_help = {
+        "schedule": "gpipe (default), 1f1b, interleaved1f1b, looped_bfs, interleaved_zb",
+        "stages_per_rank": "stages each rank holds (default 2 for interleaved/looped, else 1)",
+    }
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self.schedule_name = self.options.get("schedule", "gpipe")
+        if self.schedule_name not in SINGLE | MULTI:
+            raise UsageError(f"--strategy-option: schedule={self.schedule_name!r}; allowed: "
+                             f"{', '.join([*SINGLE, *MULTI])}")
+        default_v = 2 if self.schedule_name in MULTI else 1
+        self.v = int(self.option_number("stages_per_rank", default_v))
+        if self.schedule_name in SINGLE and self.v != 1:
+            raise UsageError(f"--strategy-option: {self.schedule_name} runs one stage per "
+                             "rank; allowed: stages_per_rank=1 (or an interleaved schedule)")
+        self.busy = 0.0  # seconds of stage compute in measured steps
+        self.wall = 0.0  # seconds of those steps
+        self.steps = 0
+
+    # --- checks ------------------------------------------------------------------------
+    def check(self, workload: Workload, world: World) -> None:
+        if world.size < 2:
+            raise UsageError("--strategy pp: needs at least 2 processes (one per stage); "
+                             "allowed: --nproc 2 or more")
+        self.workload, self.world = workload, world
+        self.n_stages = world.size * self.v
+
+    def data_parallel_size(self, world: World) -> int:
+        return 1  # every stage sees the whole batch (in microbatches)
+
+    def data_parallel_rank(self, world: World) -> int:
+        return 0
+
+    def check_layout(self, layout: Any) -> None:
+        self.microbatches = self.config.microbatches or 2 * self.n_stages
+        if layout.batch_per_replica % self.microbatches:
+            raise UsageError(f"--microbatches: {self.microbatches} does not divide the batch of "
+                             f"{layout.batch_per_replica}; use a divisor of the batch")
+
+    # --- building the pipeline ------------------------------------------------------------
+    def _my_stage_ids(self, world: World) -> list[int]:
+        # Interleaved/looped schedules give rank r the stages r, r + p, r + 2p, ...
+        return list(range(world.rank, self.n_stages, world.size))
+
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
+        stages = self.workload.pipeline_stages(model, self.n_stages)
+        self.stage_ids = self._my_stage_ids(world)
+        mine = nn.ModuleList(stages[i].to(world.device) for i in self.stage_ids)
+        self.stages = [PipelineStage(module, i, self.n_stages, world.device)
+                       for module, i in zip(mine, self.stage_ids)]
+        for stage in self.stages:
+            self._time_compute(stage)
+        loss_fn = self.workload.loss
+        if self.schedule_name in SINGLE:
+            self.schedule = SINGLE[self.schedule_name](self.stages[0], self.microbatches,
+                                                       loss_fn=loss_fn)
+        else:
+            self.schedule = MULTI[self.schedule_name](self.stages, self.microbatches,
+                                                      loss_fn=loss_fn)
+        self.has_first = 0 in self.stage_ids
+        self.has_last = self.n_stages - 1 in self.stage_ids
+        self.last_rank = (self.n_stages - 1) % world.size
+        return mine
+
+    def _time_compute(self, stage: PipelineStage) -> None:
+        """Count the time this rank spends computing (not waiting) inside the schedule."""
+        for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+            original = getattr(stage, name, None)
+            if original is None:
+                continue
+
+            def timed(*args, _original=original, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    self._compute += time.perf_counter() - start
+
+            setattr(stage, name, timed)
+
+    # --- running it ------------------------------------------------------------------------
+    def _run(self, run, inputs, targets, precision):
+        args = (inputs,) if self.has_first else ()
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": targets, "losses": losses} if self.has_last else {}
+        with precision.autocast():
+            output = run(*args, **kwargs)
+        return output, losses
+
+    def train_step(self, model, batch, workload, optimizer, precision):
+        inputs, targets = batch
+        optimizer.zero_grad(set_to_none=True)
+        self._compute = 0.0
+        start = time.perf_counter()
+        output, losses = self._run(self.schedule.step, inputs, targets, precision)
+        wall = time.perf_counter() - start
+        optimizer.step()
+        self.steps += 1
+        if self.steps > 1:  # the first step builds buffers and shapes: not a steady state
+            self.busy += self._compute
+            self.wall += wall
+        # The loss lives on the last stage; every rank reports it.
+        loss = torch.stack(losses).mean().detach() if self.has_last else \
+            torch.zeros((), device=self.world.device)
+        dist.broadcast(loss, src=self.last_rank)
+        return loss, output if self.has_last else None
+
+    def eval_step(self, model, inputs, targets, workload, precision):
+        output, _ = self._run(self.schedule.eval, inputs, targets, precision)
+        return output if self.has_last else None
+
+    # --- results ---------------------------------------------------------------------------
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        # Stage modules keep the original child names, so the pieces merge into the full
+        # model's state_dict.
+        mine = {k: v.detach().cpu() for stage in model for k, v in stage.state_dict().items()}
+        pieces: list[Any] = [None] * self.world.size
+        dist.all_gather_object(pieces, mine)
+        return {k: v for piece in pieces for k, v in piece.items()}
+
+    def report(self, world: World) -> dict[str, Any]:
+        idle = 1.0 - self.busy / self.wall if self.wall else float("nan")
+        per_rank: list[Any] = [None] * world.size
+        dist.all_gather_object(per_rank, idle)
+        p, m, v = world.size, self.microbatches, self.v
+        return {"schedule": self.schedule_name, "stages": self.n_stages, "stages_per_rank": v,
+                "microbatches": m, "bubble_measured_per_rank": per_rank,
+                "bubble_measured": sum(per_rank) / len(per_rank),
+                "bubble_theory": (p - 1) / (v * m + p - 1)}
