@@ -40,9 +40,12 @@ def launch_local(run_dir: Path, nproc: int) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "ddl.worker", str(run_dir))
     except ChildFailedError as exc:
+        # When one rank fails the agent stops the others (SIGTERM): report the rank that
+        # failed with ddl's own exit code (it already printed its one-line error).
+        ddl_exits = sorted(f.exitcode for f in exc.failures.values() if f.exitcode in (1, 2))
+        if ddl_exits:
+            return ddl_exits[-1]
         rank, failure = min(exc.failures.items())
-        if failure.exitcode in (1, 2):  # a ddl error the worker already printed
-            return failure.exitcode
         raise DdlError(f"worker rank {rank} died (exit code {failure.exitcode}); "
                        "see its output above") from None
     return 0

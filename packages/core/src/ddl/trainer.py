@@ -61,6 +61,14 @@ def _sync(device: torch.device) -> None:
 def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, Strategy, Layout]:
     wspec = plugins.workload(config.plugin)
     sspec = plugins.strategy(config.strategy)
+    if not sspec.supports(wspec):
+        from ddl.specs import CAPABILITIES
+
+        missing = sorted(sspec.requires - wspec.capabilities)
+        able = [w.name for w in plugins.workloads().values() if sspec.supports(w)]
+        raise UsageError(f"--strategy {sspec.name}: workload {wspec.name} does not provide "
+                         f"{', '.join(missing)} ({CAPABILITIES[missing[0]]}); workloads that "
+                         f"support {sspec.name}: {', '.join(able) or 'none installed'}")
     preset_name = config.preset or wspec.default_preset
     if preset_name not in wspec.presets:
         raise UsageError(f"--preset: {config.plugin} has no preset {preset_name!r}; allowed: "

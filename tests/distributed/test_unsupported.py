@@ -1,0 +1,31 @@
+"""Unsupported combinations stop before training with one line naming what is allowed."""
+
+import pytest
+
+from conftest import assert_one_line_error, run_ddl
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--strategy", "pp", "--nproc", "1"], ["--strategy pp", "at least 2 processes"]),
+    (["--strategy", "pp", "--nproc", "4"],  # MNIST has 3 blocks: at most 3 stages
+     ["4 pipeline stages need 3 split points", "at most 3 stages"]),
+    (["--strategy", "pp", "--nproc", "2", "--microbatches", "5"],
+     ["--microbatches", "does not divide the batch of 32"]),
+    (["--strategy", "pp", "--nproc", "2", "--strategy-option", "schedule=zigzag"],
+     ["schedule='zigzag'", "allowed: gpipe, 1f1b"]),
+    (["--strategy", "accelerate", "--nproc", "2", "--strategy-option", "mode=fsdp"],
+     ["mode=fsdp needs GPUs", "--strategy fsdp"]),
+    (["--global-batch-size", "63", "--nproc", "2"],
+     ["--global-batch-size", "not divisible by the 2 data-parallel replicas"]),
+    (["--strategy", "fsdp", "--nproc", "2", "--strategy-option", "shard=yes"],
+     ["fsdp has no option 'shard'", "allowed: reshard_after_forward"]),
+])
+def test_unsupported_combination(tmp_path, synthetic_mnist, args, needles):
+    run_dir = tmp_path / "run"
+    proc = run_ddl("train", "--preset", "tiny", "--data-dir", str(synthetic_mnist),
+                   "--run-dir", str(run_dir), *args, cwd=tmp_path)
+    # the site notice goes to stdout; stderr holds only the error
+    assert_one_line_error(proc, *needles)
+    assert not (run_dir / "results.json").exists()
