@@ -17,6 +17,10 @@ pytestmark = pytest.mark.distributed
      ["schedule='zigzag'", "allowed: gpipe, 1f1b"]),
     (["--strategy", "accelerate", "--nproc", "2", "--strategy-option", "mode=fsdp"],
      ["mode=fsdp needs GPUs", "--strategy fsdp"]),
+    (["--strategy", "tp", "--nproc", "2"],  # a CNN has no tensor-parallel plan
+     ["--strategy tp: workload mnist does not provide tp_plan", "workloads that support tp"]),
+    (["--strategy", "fsdp+tp", "--nproc", "2"],
+     ["--strategy fsdp+tp: workload mnist does not provide tp_plan"]),
     (["--global-batch-size", "63", "--nproc", "2"],
      ["--global-batch-size", "not divisible by the 2 data-parallel replicas"]),
     (["--strategy", "fsdp", "--nproc", "2", "--strategy-option", "shard=yes"],

@@ -357,10 +357,12 @@ def cmd_plugins(ns: argparse.Namespace) -> int:
     if workloads and strategies:
         print("Support (workload x strategy):")
         names = list(strategies)
-        print("  " + " " * 12 + " ".join(f"{n:<6}" for n in names))
-        for w in workloads.values():
-            cells = " ".join(f"{'yes' if strategies[n].supports(w) else '-':<6}" for n in names)
-            print(f"  {w.name:<12} {cells}")
+        widths = [max(len(n), 3) for n in names]
+        print("  " + " " * 13 + " ".join(f"{n:<{w}}" for n, w in zip(names, widths)))
+        for wl in sorted(workloads.values(), key=lambda spec: spec.name):
+            cells = " ".join(f"{'yes' if strategies[n].supports(wl) else '-':<{w}}"
+                             for n, w in zip(names, widths))
+            print(f"  {wl.name:<12} {cells}")
     for info in plugins.broken:
         print(f"BROKEN plugin {info.name!r} ({info.source}): {info.error}")
     return 0

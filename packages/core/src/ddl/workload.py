@@ -94,6 +94,11 @@ class Workload(ABC):
         style: column-parallel in, row-parallel out). Capability ``tp_plan``."""
         return {}
 
+    def prepare_tensor_parallel(self, model: nn.Module, tp_degree: int) -> None:
+        """Adjust attributes that count heads or widths, which become per-rank values once
+        the projections are split over ``tp_degree`` ranks (e.g. an attention module's
+        ``n_heads``). Called before the plan is applied."""
+
     def pipeline_splits(self, model: nn.Module) -> list[str]:
         """Names of top-level children where a new pipeline stage may begin, in order.
         Capability ``pipeline_splits``. The default :meth:`pipeline_stages` needs a model

@@ -30,4 +30,16 @@ def ddl_register_strategies():
             factory="ddl_strategies.pp:PipelineStrategy",
             requires=frozenset({"pipeline_splits"}),
         ),
+        StrategySpec(
+            name="tp",
+            summary="tensor parallel (DTensor, Megatron-style column/row splits)",
+            factory="ddl_strategies.tp:TensorParallelStrategy",
+            requires=frozenset({"tp_plan"}),
+        ),
+        StrategySpec(
+            name="fsdp+tp",
+            summary="2-D: FSDP over --mesh dp x tensor parallel over tp",
+            factory="ddl_strategies.fsdp_tp:FSDPTensorParallelStrategy",
+            requires=frozenset({"tp_plan"}),
+        ),
     ]
