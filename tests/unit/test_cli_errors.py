@@ -11,8 +11,8 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("args, needles", [
-    (["train", "--plugin", "cifar99"], ["--plugin", "'cifar99'", "allowed: mnist"]),
-    (["train", "--strategy", "zero9"], ["--strategy", "'zero9'", "allowed: ddp"]),
+    (["train", "--plugin", "cifar99"], ["--plugin", "'cifar99'", "allowed:", "mnist"]),
+    (["train", "--strategy", "zero9"], ["--strategy", "'zero9'", "allowed:", "ddp"]),
     (["train", "--nproc", "0"], ["--nproc", "greater than or equal to 1", "got 0"]),
     (["train", "--nproc", "two"], ["--nproc", "invalid int value: 'two'"]),
     (["train", "--preset", "huge"], ["--preset", "'huge'", "allowed: course, tiny"]),

@@ -67,4 +67,4 @@ def test_broken_plugin_is_reported_and_the_rest_keep_working(tmp_path):
     assert "mnist" in proc.stdout and "ddp" in proc.stdout
 
     proc = run_ddl("train", "--plugin", "broken", env=env)
-    assert_one_line_error(proc, "--plugin", "'broken'", "failed to load", "allowed: mnist")
+    assert_one_line_error(proc, "--plugin", "'broken'", "failed to load", "allowed:", "mnist")

@@ -1,0 +1,47 @@
+"""Registration of the XSum workload (no torch or transformers import here: listing must
+stay fast)."""
+
+from ddl.hookspecs import hookimpl
+from ddl.specs import Preset, WorkloadSpec
+
+_COURSE = {"max_source_length": 512, "max_target_length": 150, "source_prefix": "summarize: ",
+           "loss_reduction": "tokens", "lr_gamma": 0.3, "rouge": True}
+
+PRESETS = {
+    "course": Preset(
+        name="course",
+        summary="the JSC course: pretrained t5-base, inputs 512 / summaries 150 tokens, "
+                "10 epochs, batch 4, AdamW 0.002, StepLR gamma 0.3",
+        epochs=10, batch_size=4, lr=2e-3, options={"model": "t5-base", **_COURSE},
+    ),
+    "t5-small": Preset(
+        name="t5-small",
+        summary="the course's setup with pretrained t5-small (60M parameters)",
+        epochs=10, batch_size=4, lr=2e-3, options={"model": "t5-small", **_COURSE},
+    ),
+    "tiny": Preset(
+        name="tiny",
+        summary="for CPU tests: a 2+2-layer T5 (d_model 64) from scratch, 128/32 tokens, "
+                "3 epochs, batch 16, AdamW 0.005, StepLR gamma 0.7",
+        epochs=3, batch_size=16, lr=5e-3,
+        options={"model": "t5-tiny", "tokenizer": "t5-base", "max_source_length": 128,
+                 "max_target_length": 32, "source_prefix": "", "loss_reduction": "samples",
+                 "lr_gamma": 0.7, "rouge": True, "rouge_samples": 64,
+                 "train_samples": 1024, "eval_samples": 128},
+    ),
+}
+
+
+@hookimpl
+def ddl_register_workloads():
+    return [
+        WorkloadSpec(
+            name="xsum",
+            summary="XSum news summarisation with T5 (JSC course; Hugging Face transformers)",
+            factory="ddl_xsum.workload:XsumWorkload",
+            presets=PRESETS,
+            default_preset="course",
+            # pipeline_splits not declared yet: T5 is no plain chain (see workload.py)
+            capabilities=frozenset({"fsdp_units", "tp_plan"}),
+        ),
+    ]

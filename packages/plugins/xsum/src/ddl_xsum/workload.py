@@ -1,0 +1,372 @@
+"""XSum summarisation with T5, the LLM workload of JSC's course "Bringing Deep Learning
+Workloads to JSC supercomputers".
+
+Course setup: ``T5ForConditionalGeneration.from_pretrained("t5-base", use_cache=False)``
+and its tokenizer; XSum slices train 1500 / validation 300 / test 300; inputs truncated to
+512 tokens, summaries to 150; batch 4, 10 epochs, AdamW lr 0.002, StepLR(step_size=1,
+gamma=0.3), seed 1. T5 is the encoder-decoder of Raffel et al., "Exploring the Limits of
+Transfer Learning with a Unified Text-to-Text Transformer", JMLR 2020.
+
+Batches are dicts: ``input_ids``, ``attention_mask`` and ``labels`` (summary tokens, pad
+replaced by -100, which the loss ignores). Samples are tokenised once when the datasets are
+built (in memory: nothing is written next to the shared data, so ranks never race on cache
+files) and padded to the preset's fixed lengths, so torch's default collation stacks them;
+:meth:`XsumWorkload.to_device` then trims each batch to its longest sequence. Trimming
+is exact (T5's relative position bias does not depend on absolute positions, padded keys
+are masked, padded queries and labels never reach the loss) and saves most of the compute
+of short batches.
+
+All model and tokenizer files are read from the data directory with the Hugging Face
+offline variables set and ``local_files_only``: training never contacts the Hub.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from ddl.workload import Workload
+from ddl_xsum import data
+
+SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
+
+
+def _go_offline() -> None:
+    """Training reads only local files: make the HF libraries refuse the network before
+    they are imported (they read these variables at import time)."""
+    for var in data.OFFLINE_VARS:
+        os.environ[var] = "1"
+    data._quiet_hf()
+
+
+class SummaryDataset(Dataset):
+    """Tokenised (document, summary) pairs, padded to fixed lengths.
+
+    Keeps the raw summaries too: ROUGE compares generated text with the reference text,
+    not with its truncated tokenisation.
+    """
+
+    def __init__(self, sources: list[list[int]], targets: list[list[int]], summaries: list[str],
+                 source_length: int, target_length: int, pad_id: int) -> None:
+        self.sources, self.targets, self.summaries = sources, targets, summaries
+        self.source_length, self.target_length, self.pad_id = source_length, target_length, pad_id
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        src, tgt = self.sources[i], self.targets[i]
+        input_ids = torch.full((self.source_length,), self.pad_id, dtype=torch.long)
+        input_ids[: len(src)] = torch.tensor(src, dtype=torch.long)
+        attention_mask = torch.zeros(self.source_length, dtype=torch.long)
+        attention_mask[: len(src)] = 1
+        labels = torch.full((self.target_length,), -100, dtype=torch.long)
+        labels[: len(tgt)] = torch.tensor(tgt, dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def shift_right(labels: torch.Tensor, start_id: int = 0, pad_id: int = 0) -> torch.Tensor:
+    """Decoder inputs for teacher forcing: the start token (T5: <pad>), then the labels up
+    to the last one, with the ignored positions (-100) as <pad>. What T5's own
+    ``_shift_right`` does, done here so forward() needs no access to a wrapped model."""
+    shifted = labels.new_full(labels.shape, pad_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = start_id
+    return shifted.masked_fill(shifted == -100, pad_id)
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cross-entropy ``[batch, length]`` (0 where ignored) and the label mask."""
+    mask = labels != -100
+    ce = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100,
+                         reduction="none")
+    return ce, mask
+
+
+class XsumWorkload(Workload):
+    """Options (from the preset): ``model`` (t5-base, t5-small, t5-tiny), ``tokenizer``
+    (whose vocabulary; synthetic data always uses its own), ``max_source_length``,
+    ``max_target_length``, ``source_prefix`` (T5's task prefix), ``loss_reduction``
+    ("tokens": mean over all label tokens of the batch, as HF computes it; "samples": mean
+    of per-sample token means), ``lr_gamma`` (StepLR), ``train_samples``/``eval_samples``
+    (prefixes of the splits), ``rouge`` and ``rouge_samples``."""
+
+    def __init__(self, preset) -> None:
+        super().__init__(preset)
+        o = dict(preset.options)
+        self.model_name: str = o.get("model", "t5-base")
+        self.tokenizer_name: str = o.get("tokenizer", self.model_name)
+        self.source_length: int = o.get("max_source_length", 512)
+        self.target_length: int = o.get("max_target_length", 150)
+        self.prefix: str = o.get("source_prefix", "summarize: ")
+        self.loss_reduction: str = o.get("loss_reduction", "tokens")
+        self.gamma: float = o.get("lr_gamma", 0.3)
+        self.rouge: bool = o.get("rouge", True)
+        self.rouge_samples: int | None = o.get("rouge_samples")
+        self.train_samples: int | None = o.get("train_samples")
+        self.eval_samples: int | None = o.get("eval_samples")
+        self._data_dir: Path | None = None
+        self._tokenizer = None
+        self._vocab_size: int | None = None
+
+    # --- data -------------------------------------------------------------------------
+    def check_data(self, data_dir: Path) -> None:
+        data.check(data_dir, model=self.model_name, tokenizer=self.tokenizer_name)
+
+    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
+        if synthetic:
+            return data.write_synthetic(data_dir)
+        return data.download(data_dir)
+
+    def is_synthetic(self, data_dir: Path) -> bool:
+        return data.is_synthetic(data_dir)
+
+    def tokenizer(self, data_dir: Path):
+        if self._tokenizer is None:
+            _go_offline()
+            from transformers import AutoTokenizer
+
+            synthetic = data.is_synthetic(data_dir)
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                str(data.tokenizer_dir(data_dir, self.tokenizer_name, synthetic)),
+                local_files_only=True)
+            self._data_dir = Path(data_dir)
+        return self._tokenizer
+
+    def datasets(self, data_dir: Path) -> dict[str, Dataset]:
+        _go_offline()
+        import datasets as hf_datasets
+
+        tok = self.tokenizer(data_dir)
+        ddict = hf_datasets.load_from_disk(str(data.dataset_dir(data_dir)), keep_in_memory=True)
+        out = {}
+        for name, split in SPLIT_NAMES.items():
+            ds = ddict[split]
+            limit = self.train_samples if name == "train" else self.eval_samples
+            if limit is not None:
+                ds = ds.select(range(min(limit, len(ds))))
+            documents = [self.prefix + d for d in ds["document"]]
+            summaries = list(ds["summary"])
+            sources = tok(documents, truncation=True, max_length=self.source_length)["input_ids"]
+            targets = tok(summaries, truncation=True, max_length=self.target_length)["input_ids"]
+            out[name] = SummaryDataset(sources, targets, summaries, self.source_length,
+                                       self.target_length, tok.pad_token_id)
+        return out
+
+    # --- model, loss, metrics -----------------------------------------------------------
+    def build_model(self) -> nn.Module:
+        if self._data_dir is None:
+            raise RuntimeError("XsumWorkload.build_model() needs datasets() first (it reads "
+                               "the tokenizer and model files from the data directory)")
+        _go_offline()
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        synthetic = data.is_synthetic(self._data_dir)
+        where = str(data.model_dir(self._data_dir, self.model_name, synthetic))
+        if not synthetic and self.model_name in data.HUB_MODELS:
+            # use_cache=False as in the course: no key/value cache during training.
+            model = T5ForConditionalGeneration.from_pretrained(
+                where, use_cache=False, dtype=torch.float32, local_files_only=True)
+        else:  # a config only: random initialisation (seeded alike on every rank)
+            config = T5Config.from_pretrained(where, use_cache=False, local_files_only=True)
+            model = T5ForConditionalGeneration(config)
+        self._vocab_size = model.config.vocab_size
+        return model
+
+    def to_device(self, batch: dict[str, torch.Tensor], device: torch.device):
+        # Trim the fixed-length padding to the longest sequence of this batch (exact, see
+        # the module docstring); padding is on the right.
+        n_src = int(batch["attention_mask"].sum(1).max())
+        n_tgt = max(1, int((batch["labels"] != -100).sum(1).max()))
+        labels = batch["labels"][:, :n_tgt]
+        inputs = {
+            "input_ids": batch["input_ids"][:, :n_src],
+            "attention_mask": batch["attention_mask"][:, :n_src],
+            "decoder_input_ids": shift_right(labels),
+        }
+        inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+        return inputs, labels.to(device, non_blocking=True)
+
+    def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(**inputs).logits
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ce, mask = token_losses(outputs, targets)
+        if self.loss_reduction == "samples":
+            return (ce.sum(1) / mask.sum(1).clamp(min=1)).mean()
+        # HF's T5 loss: CrossEntropyLoss(ignore_index=-100) over every label token
+        return ce.sum() / mask.sum().clamp(min=1)
+
+    def sample_metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict:
+        ce, mask = token_losses(outputs, targets)
+        n = mask.sum(1).clamp(min=1)
+        correct = ((outputs.argmax(-1) == targets) & mask).sum(1)
+        return {"loss": ce.sum(1) / n, "token_accuracy": correct / n}
+
+    # --- optimisation -------------------------------------------------------------------
+    def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=lr)
+
+    def lr_factor(self, epoch: int) -> float:
+        """StepLR(step_size=1, gamma): the rate shrinks by gamma after every epoch."""
+        return self.gamma ** epoch
+
+    # --- measurement and parallelism hints ------------------------------------------------
+    def _shape(self) -> dict[str, int]:
+        shape = dict(data.T5_SHAPES[self.model_name])
+        shape.setdefault("num_decoder_layers", shape["num_layers"])
+        shape["vocab_size"] = self._vocab_size or 32128  # T5's released vocabulary
+        return shape
+
+    def flops_per_sample(self) -> float:
+        """Training FLOPs of one sample at the preset's full lengths (padded, as the course
+        runs it; trimmed batches do less).
+
+        Kaplan et al. 2020 (sec. 2.1): a forward pass costs 2 FLOPs per multiply-add, one
+        multiply-add per parameter per token it touches, plus the attention scores
+        (Q K^T and A V: 2 x L_q x L_k x d_attn multiply-adds); backward costs twice the
+        forward, so training is 6 x forward multiply-adds ("6 N D"). For an
+        encoder-decoder the parameters see different tokens: the encoder's see the S
+        source tokens; the decoder's see the T target tokens, except the cross-attention
+        key/value projections, which read the S encoder states; the output projection sees
+        T. Embedding lookups cost nothing. Checked against torch's FlopCounterMode in the
+        tests (within a few per cent).
+        """
+        s = self._shape()
+        d, ff, inner, V = s["d_model"], s["d_ff"], s["d_kv"] * s["num_heads"], s["vocab_size"]
+        S, T = self.source_length, self.target_length
+        encoder = (4 * d * inner + 2 * d * ff) * S + 2 * S * S * inner
+        decoder = ((4 * d * inner + 2 * d * inner + 2 * d * ff) * T + 2 * d * inner * S
+                   + 2 * T * T * inner + 2 * T * S * inner)
+        macs = s["num_layers"] * encoder + s["num_decoder_layers"] * decoder + d * V * T
+        return float(6 * macs)
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """Every T5Block of the encoder and the decoder (HF's own ``_no_split_modules``)."""
+        return [*model.encoder.block, *model.decoder.block]
+
+    def tp_plan(self, model: nn.Module) -> dict[str, str]:
+        """Megatron-style plan (Shoeybi et al. 2019, sec. 3): q/k/v and the first
+        feed-forward matrix column-parallel (each rank holds some heads / some hidden
+        units), o and the second feed-forward matrix row-parallel (partial sums reduced).
+
+        Keys are dotted module paths relative to the model build_model() returns; each
+        component may be an fnmatch pattern that matches one child name ("block.*"), which
+        is how ``torch.distributed.tensor.parallel.parallelize_module`` reads plan keys.
+        The relative-attention-bias tables (buckets x heads, only in block 0) are split by
+        head too ("colwise" on an nn.Embedding shards its output dimension), so each rank
+        adds the bias of its own heads.
+
+        The strategy must also divide every T5Attention's ``n_heads`` and ``inner_dim`` by
+        the TP degree: ``n_heads`` sizes the zero position bias of attention layers without
+        a bias table (the decoder's cross-attention), which must match the local heads.
+        """
+        ffn = ["wi_0", "wi_1"] if model.config.is_gated_act else ["wi"]
+        plan: dict[str, str] = {}
+        layers = {"encoder": {"0": "SelfAttention", "1": None},
+                  "decoder": {"0": "SelfAttention", "1": "EncDecAttention", "2": None}}
+        for stack, sub in layers.items():
+            for index, attention in sub.items():
+                prefix = f"{stack}.block.*.layer.{index}"
+                if attention:
+                    for name in ("q", "k", "v"):
+                        plan[f"{prefix}.{attention}.{name}"] = "colwise"
+                    plan[f"{prefix}.{attention}.o"] = "rowwise"
+                else:
+                    for name in ffn:
+                        plan[f"{prefix}.DenseReluDense.{name}"] = "colwise"
+                    plan[f"{prefix}.DenseReluDense.wo"] = "rowwise"
+            plan[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"] = "colwise"
+        return plan
+
+    def prepare_tensor_parallel(self, model: nn.Module, tp_degree: int) -> None:
+        """Each rank computes n_heads / tp of every attention layer: T5Attention reshapes
+        with ``n_heads`` and ``inner_dim``, so both become per-rank counts."""
+        from transformers.models.t5.modeling_t5 import T5Attention
+
+        for module in model.modules():
+            if isinstance(module, T5Attention):
+                if module.n_heads % tp_degree:
+                    from ddl.errors import UsageError
+                    raise UsageError(f"--strategy tp: {module.n_heads} attention heads do not "
+                                     f"split over {tp_degree} ranks; allowed: a divisor of "
+                                     f"{module.n_heads}")
+                module.n_heads //= tp_degree
+                module.inner_dim //= tp_degree
+
+    def pipeline_splits(self, model: nn.Module) -> list[str]:
+        """Two stages: shared embedding + encoder | decoder + output projection.
+
+        Not a plain chain: every decoder layer cross-attends to the encoder's output, so
+        stage 2 needs the encoder states *and* the source attention mask, and the decoder
+        input ids come from the batch, not from stage 1. The tied embedding (shared by
+        encoder input, decoder input and lm_head) lives in both stages and its gradients
+        must be summed across them.
+        """
+        return ["decoder"]
+
+    # --- ROUGE on the test split ----------------------------------------------------------
+    def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
+        """ROUGE-1/2/L F-measures (Lin 2004) of greedy summaries of the first
+        ``rouge_samples`` test articles, with Google's ``rouge-score`` (Porter stemming).
+
+        A replicated model (single process, DDP) lets every rank summarise its own share;
+        the sums of F-measures are then all-reduced. A model whose parameters are
+        distributed (FSDP, tensor parallel) runs collectives inside every forward, so all
+        ranks must feed the same inputs for the same number of steps: there each rank
+        summarises all the samples itself (identical results, no reduction).
+        """
+        if not self.rouge:
+            return {}
+        import torch.distributed as dist
+        from rouge_score import rouge_scorer
+
+        generate = getattr(model, "generate", None) or getattr(getattr(model, "module", None),
+                                                               "generate", None)
+        if generate is None:
+            return {}
+        n = len(dataset) if self.rouge_samples is None else min(self.rouge_samples, len(dataset))
+        shard = _is_replicated(model) and world.size > 1
+        indices = list(range(world.rank, n, world.size)) if shard else list(range(n))
+        tok = self._tokenizer
+        scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+        sums = torch.zeros(4, dtype=torch.float64)
+        model.eval()
+        batch_size = 16
+        with torch.no_grad():
+            for start in range(0, len(indices), batch_size):
+                items = [dataset[i] for i in indices[start:start + batch_size]]
+                batch = torch.utils.data.default_collate(items)
+                inputs, _ = self.to_device(batch, world.device)
+                out = generate(input_ids=inputs["input_ids"],
+                               attention_mask=inputs["attention_mask"],
+                               max_new_tokens=self.target_length, do_sample=False,
+                               num_beams=1, use_cache=True)
+                texts = tok.batch_decode(out, skip_special_tokens=True)
+                for i, text in zip(indices[start:start + batch_size], texts):
+                    s = scorer.score(dataset.summaries[i], text)
+                    sums += torch.tensor([s["rouge1"].fmeasure, s["rouge2"].fmeasure,
+                                          s["rougeL"].fmeasure, 1.0], dtype=torch.float64)
+        if shard:
+            sums = sums.to(world.device)
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+            sums = sums.cpu()
+        count = max(sums[3].item(), 1.0)
+        return {"rouge1": sums[0].item() / count, "rouge2": sums[1].item() / count,
+                "rougeL": sums[2].item() / count}
+
+
+def _is_replicated(model: nn.Module) -> bool:
+    """True when every rank holds the whole model as plain tensors (no DTensor shards, no
+    FSDP1 flat parameters), so ranks may run different inputs independently."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return False
+    return not any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules())
