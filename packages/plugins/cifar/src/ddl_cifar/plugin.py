@@ -1,0 +1,52 @@
+"""Registration of the CIFAR-10 workload (no torch import here: listing must stay fast)."""
+
+from ddl.hookspecs import hookimpl
+from ddl.specs import Preset, WorkloadSpec
+
+# The course (BSC CTE-POWER, ResNet50.py / ResNet50.sh): Keras ResNet50V2, 128x128 input,
+# SGD lr 0.01 x n_gpus, batch 256 per GPU (256 / 512 / 1024 on 1 / 2 / 4 GPUs), 5 epochs.
+# Its lr rule is ddl's `--lr-scaling linear` with the per-replica batch of 256 here.
+_COURSE = {"image_size": 128, "blocks": (3, 4, 6, 3), "filters": (64, 128, 256, 512),
+           "stem": 64, "bn_momentum": 0.01}
+
+PRESETS = {
+    "course": Preset(
+        name="course",
+        summary="the BSC course: ResNet50 v2, 128 px, SGD lr 0.01, batch 256, 5 epochs",
+        epochs=5, batch_size=256, lr=0.01, options=_COURSE,
+    ),
+    "resnet152": Preset(
+        name="resnet152",
+        summary="the course's bonus: ResNet152 v2 (blocks 3-8-36-3), otherwise as course",
+        epochs=5, batch_size=256, lr=0.01, options={**_COURSE, "blocks": (3, 8, 36, 3)},
+    ),
+    "tiny": Preset(
+        name="tiny",
+        summary="for CPU tests: 32 px, widths /8, one block per stage, 4500 samples, 8 epochs",
+        epochs=8, batch_size=32, lr=0.1,
+        options={"image_size": 32, "blocks": (1, 1, 1, 1), "filters": (8, 16, 32, 64),
+                 "stem": 8, "bn_momentum": 0.1,
+                 "train_samples": 4500, "eval_samples": 500},
+    ),
+}
+# The same with BatchNorm statistics over the whole global batch (model.CrossReplicaBatchNorm2d):
+# then N data-parallel ranks compute what one process does, which the tests check. Plain BN
+# (every other preset, and the course's Keras) normalises each replica's share on its own.
+PRESETS["tiny-syncbn"] = Preset(
+    name="tiny-syncbn", summary="tiny with BatchNorm synchronised over data-parallel ranks",
+    epochs=PRESETS["tiny"].epochs, batch_size=PRESETS["tiny"].batch_size, lr=PRESETS["tiny"].lr,
+    options={**PRESETS["tiny"].options, "sync_bn": True})
+
+
+@hookimpl
+def ddl_register_workloads():
+    return [
+        WorkloadSpec(
+            name="cifar",
+            summary="CIFAR-10, ResNet50 v2 (pre-activation) of the BSC CTE-POWER course",
+            factory="ddl_cifar.workload:CifarWorkload",
+            presets=PRESETS,
+            default_preset="course",
+            capabilities=frozenset({"fsdp_units", "pipeline_splits"}),
+        ),
+    ]

@@ -1,0 +1,132 @@
+"""CIFAR-10 with ResNet50 v2, the BSC CTE-POWER hands-on (Jordi Torres' "Fundamentals of DL").
+
+The course trains ``tf.keras.applications.ResNet50V2(weights=None, input_shape=(128, 128, 3),
+classes=10)`` with SGD (lr 0.01 x GPUs, no momentum: Keras' default) and sparse categorical
+cross-entropy for 5 epochs at batch 256 per GPU, and reports epoch time, images/s and
+speedup. The model is :mod:`ddl_cifar.model` (the same network in PyTorch).
+
+Data: torchvision's CIFAR10 reading the official ``cifar-10-batches-py`` batches
+(:mod:`ddl_cifar.dataset`). CIFAR-10 has no validation split, so the last 10 % of the 50000
+training images (the second half of data_batch_5) is held out as ``val``, fixed. Images are
+resized from 32x32 to the preset's size (128 for the course) with bilinear, antialiased
+``transforms.v2.Resize`` and normalised with the training set's per-channel mean and std.
+The course's own loader (a ``cifar-utils`` module on the BSC file system) is not public;
+whether it normalised is not known.
+
+Augmentation (``augment`` option: 4-pixel padded random crop and horizontal flip, the usual
+CIFAR recipe) is off in every preset, as nothing says the course used it; it draws from each
+rank's own random stream, so runs with it on are not comparable across world sizes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Subset
+
+from ddl.errors import UsageError
+from ddl.workload import Workload
+from ddl_cifar import data, model
+
+VAL_FRACTION = 0.1
+# Per-channel mean and (population) std of the 50000 real training images, on the 0..1
+# scale. The often copied (0.2023, 0.1994, 0.2010) is the mean of per-image stds instead.
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+
+class CifarWorkload(Workload):
+    # --- data -------------------------------------------------------------------------
+    def check_data(self, data_dir: Path) -> None:
+        data.check_files(data_dir)
+
+    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
+        if synthetic:
+            return data.write_synthetic(data_dir)
+        return data.download(data_dir)
+
+    def is_synthetic(self, data_dir: Path) -> bool:
+        return data.is_synthetic(data_dir)
+
+    def transforms(self, train: bool):
+        from torchvision.transforms import v2
+
+        size = int(self.preset.options.get("image_size", 128))
+        steps = [v2.ToImage()]
+        if train and self.preset.options.get("augment", False):
+            steps += [v2.RandomCrop(data.SIDE, padding=4), v2.RandomHorizontalFlip()]
+        if size != data.SIDE:
+            steps.append(v2.Resize((size, size), antialias=True))
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+        return v2.Compose(steps)
+
+    def datasets(self, data_dir: Path) -> dict:
+        from ddl_cifar.dataset import open_split
+
+        full_train = open_split(data_dir, train=True, transform=self.transforms(train=True))
+        full_val = open_split(data_dir, train=True, transform=self.transforms(train=False))
+        test = open_split(data_dir, train=False, transform=self.transforms(train=False))
+        n_val = int(len(full_train) * VAL_FRACTION)
+        n_train = len(full_train) - n_val
+        train_idx, val_idx = range(n_train), range(n_train, len(full_train))
+        test_idx = range(len(test))
+        options = self.preset.options
+        if "train_samples" in options:  # small presets read a prefix of each split
+            train_idx = train_idx[: options["train_samples"]]
+        if "eval_samples" in options:
+            val_idx = val_idx[: options["eval_samples"]]
+            test_idx = test_idx[: options["eval_samples"]]
+        return {"train": Subset(full_train, train_idx), "val": Subset(full_val, val_idx),
+                "test": Subset(test, test_idx)}
+
+    # --- model, loss, metrics -----------------------------------------------------------
+    @property
+    def arch(self) -> model.Arch:
+        return model.Arch.from_options(self.preset.options)
+
+    def build_model(self) -> nn.Module:
+        return model.build(self.preset.options)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs, targets)  # Keras' sparse_categorical_crossentropy
+
+    def sample_metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict:
+        return {"loss": F.cross_entropy(outputs, targets, reduction="none"),
+                "accuracy": (outputs.argmax(dim=1) == targets).to(torch.float32)}
+
+    def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
+        """The course's ``tf.keras.optimizers.SGD(lr)``: plain SGD, no momentum, no decay."""
+        return torch.optim.SGD(params, lr=lr)
+
+    # --- measurement and parallelism hints ------------------------------------------------
+    def flops_per_sample(self) -> float:
+        """Convolution and dense multiply-adds at the preset's input size, x2 FLOPs, x3 for
+        forward + backward (derivation: model.forward_macs, docs/workloads/cifar.md)."""
+        return model.train_flops_per_sample(self.arch, int(self.preset.options.get("image_size", 128)))
+
+    def fsdp_units(self, net: nn.Module) -> list[nn.Module]:
+        """Every bottleneck block. Stages would be too coarse: conv4 of ResNet152 holds 40.6 M
+        of its 58.2 M parameters, so a stage-sized unit would barely shard peak memory."""
+        return [block for stage in net.stages for block in stage]
+
+    def pipeline_splits(self, net: nn.Module) -> list[str]:
+        """Stage boundaries: stem+conv2 | conv3 | conv4 | conv5+head. The forward pass is
+        stem -> stages.0..3 -> head, so each split is a clean cut of one activation tensor."""
+        return [f"stages.{i}" for i in range(1, len(net.stages))]
+
+    def pipeline_stages(self, net: nn.Module, n_stages: int) -> list[nn.Module]:
+        """The core's default cuts top-level children only; the split points here are one
+        level down (``stages.i``), so cut with :func:`model.pipeline_pieces`, choosing the
+        points as the core does (spread evenly)."""
+        if self.preset.options.get("sync_bn"):
+            raise UsageError("--preset: BatchNorm synchronised over all ranks (sync_bn) cannot "
+                             "run in a pipeline, where each rank holds different layers; "
+                             "use a preset without sync_bn, e.g. tiny")
+        splits = self.pipeline_splits(net)
+        if n_stages - 1 > len(splits):
+            return super().pipeline_stages(net, n_stages)  # raises the core's clear error
+        chosen = {splits[round(i * (len(splits) + 1) / n_stages) - 1] for i in range(1, n_stages)}
+        return model.pipeline_pieces(net, chosen)
