@@ -75,3 +75,28 @@ def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cif
     for split in ("val", "test"):
         for metric, value in one["final"][split].items():
             assert two["final"][split][metric] == pytest.approx(value, rel=1e-4)
+
+
+@pytest.mark.parametrize("nproc, extra", [
+    (2, ("--microbatches", "1")),  # GPipe, 2 stages
+    (2, ("--microbatches", "1", "--strategy-option", "schedule=interleaved1f1b")),  # 4 stages
+])
+def test_pipeline_matches_one_process(tmp_path, prepared_cifar, nproc, extra):
+    """Pipeline parallel on the ResNet. One microbatch: BatchNorm statistics are taken over
+    a microbatch, so with several microbatches a BN model legitimately differs from one
+    process; with one, every stage sees the whole batch and the weights must agree."""
+    def run(n, *more):
+        run_dir = tmp_path / f"pp{n}{len(more)}"
+        proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--lr", "0.01",
+                       "--global-batch-size", "32", "--epochs", "1", "--steps-per-epoch", "3",
+                       "--seed", "7", "--nproc", str(n), "--data-dir", str(prepared_cifar),
+                       "--run-dir", str(run_dir), *more, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return (json.loads((run_dir / "results.json").read_text()),
+                torch.load(run_dir / "model.pt", weights_only=True))
+
+    ref_results, ref = run(1)
+    results, weights = run(nproc, "--strategy", "pp", *extra)
+    assert results["strategy_report"]["stages"] in (2, 4)
+    for name, expected in ref.items():
+        torch.testing.assert_close(weights[name], expected, rtol=1e-5, atol=1e-6)

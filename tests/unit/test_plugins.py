@@ -14,11 +14,23 @@ from ddl.specs import Preset, WorkloadSpec
 pytestmark = pytest.mark.unit
 
 
-def test_shipped_plugins_are_installed_entry_points():
+@pytest.mark.parametrize("name, dist, workloads", [
+    ("mnist", "ddl-mnist", {"mnist"}), ("cifar", "ddl-cifar", {"cifar"}),
+    ("imagewoof", "ddl-imagewoof", {"imagewoof"}), ("xsum", "ddl-xsum", {"xsum"}),
+])
+def test_every_shipped_workload_is_an_installed_entry_point(name, dist, workloads):
+    """pluggy fails silently on groups never loaded: check each one arrives for real."""
     eps = {ep.name: ep for ep in metadata.entry_points(group="ddl")}
-    assert eps["mnist"].value == "ddl_mnist.plugin"
-    assert eps["mnist"].dist.name == "ddl-mnist"
+    assert eps[name].value == f"ddl_{name}.plugin" and eps[name].dist.name == dist
+    found = {w.name for w in Plugins().workloads().values() if w.plugin == name}
+    assert found == workloads
+
+
+def test_shipped_strategies_are_installed_entry_points():
+    eps = {ep.name: ep for ep in metadata.entry_points(group="ddl")}
     assert eps["strategies"].dist.name == "ddl-strategies"
+    found = {s.name for s in Plugins().strategies().values() if s.plugin == "strategies"}
+    assert found == {"ddp", "fsdp", "accelerate", "pp", "tp", "fsdp+tp"}
 
 
 def test_cli_sees_what_the_entry_points_provide():
