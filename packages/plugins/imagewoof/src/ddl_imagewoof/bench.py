@@ -1,0 +1,43 @@
+"""The data pipeline alone, for benchmarks: how many training images per second the
+DataLoader delivers (JPEG decode + RandomResizedCrop + flip + normalise), with no model.
+
+On GPUs this workload is often input-bound (the talk's 4-GPU epoch of ~8 s is ~1100
+images/s), so knowing the loader's ceiling for a given number of workers tells whether
+adding GPUs can help at all.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def loader_throughput(data_dir: Path | str, workers: int, n_batches: int, *,
+                      batch_size: int = 64, image_size: int = 160, warmup_batches: int = 2,
+                      seed: int = 0) -> float:
+    """Images per second from the training DataLoader over ``n_batches`` batches, after
+    ``warmup_batches`` (worker start-up, first file opens) that are not timed."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from ddl.specs import Preset
+    from ddl_imagewoof.workload import ImagewoofWorkload
+
+    if n_batches < 1 or workers < 0 or batch_size < 1:
+        raise ValueError("need n_batches >= 1, workers >= 0, batch_size >= 1")
+    preset = Preset(name="bench", summary="loader benchmark", epochs=1, batch_size=batch_size,
+                    lr=1e-3, options={"image_size": image_size})
+    train = ImagewoofWorkload(preset).datasets(Path(data_dir))["train"]
+    generator = torch.Generator().manual_seed(seed)
+    total = (n_batches + warmup_batches) * batch_size
+    sampler = RandomSampler(train, replacement=True, num_samples=total, generator=generator)
+    loader = DataLoader(train, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                        drop_last=True)
+    batches = iter(loader)
+    for _ in range(warmup_batches):
+        next(batches)
+    start = time.perf_counter()
+    images = 0
+    for inputs, _ in batches:
+        images += inputs.shape[0]
+    return images / (time.perf_counter() - start)

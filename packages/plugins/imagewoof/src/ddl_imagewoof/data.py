@@ -1,0 +1,539 @@
+"""Imagewoof 320 px on disk, in exactly the layout fastai's archive unpacks to.
+
+    <data_dir>/imagewoof2-320/train/<wnid>/<wnid>_<n>.JPEG        9025 images
+    <data_dir>/imagewoof2-320/val/<wnid>/ILSVRC2012_val_<n>.JPEG   3929 images
+
+ten class folders named by ImageNet WordNet ids, read by ``torchvision.datasets.ImageFolder``
+(which sorts the folder names, so the label of a class is its index in :data:`WNIDS`).
+
+Three things live here, none of which imports torch (validation must cost milliseconds):
+  * :func:`check_files` - the layout, the class folders, the image counts of the real set, and
+    every JPEG's start and end markers, so a bad copy fails with one line naming the file
+    instead of a PIL traceback in a DataLoader worker an hour into the job.
+  * :func:`write_synthetic` - a learnable generated stand-in (real JPEG files, same folders,
+    marked by SYNTHETIC.txt) for machines that cannot reach the download server.
+  * :func:`download` - the real archive from fastai's S3 bucket, for login nodes.
+
+Both writers build the new ``imagewoof2-320/`` in a temporary sibling and rename it into place,
+so an interrupted run never leaves half a data set behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from ddl.errors import DataError, DdlError
+
+DIRNAME = "imagewoof2-320"
+URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagewoof2-320.tgz"  # fastai URLs.IMAGEWOOF_320
+ARCHIVE = "imagewoof2-320.tgz"
+MARKER = "SYNTHETIC.txt"
+SPLITS = ("train", "val")
+
+# The ten Imagewoof classes (ImageNet WordNet ids, in ImageFolder's sorted order). Checked
+# against public copies of the data set's class lists (fastai imagenette README; the
+# Hugging Face image_folder build of imagewoof2-320 lists the same ten folder names).
+WNIDS: dict[str, str] = {
+    "n02086240": "Shih-Tzu",
+    "n02087394": "Rhodesian ridgeback",
+    "n02088364": "beagle",
+    "n02089973": "English foxhound",
+    "n02093754": "Border terrier",
+    "n02096294": "Australian terrier",
+    "n02099601": "golden retriever",
+    "n02105641": "Old English sheepdog",
+    "n02111889": "Samoyed",
+    "n02115641": "dingo",
+}
+
+# Images per split of imagewoof2 (all three sizes hold the same images). No checksum is
+# published, so a complete download is recognised by these counts. train: 9025 in the
+# dataset_infos of the frgfm/imagewoof copy; train + val = 12954 in a single-split copy of
+# imagewoof2-320 (johnowhitaker/imagewoof2-320), hence val = 3929.
+EXPECTED_COUNTS = {"train": 9025, "val": 3929}
+
+JPEG_SUFFIXES = (".jpeg", ".jpg")
+_EOI_TAIL = 32  # bytes at the end in which the JPEG end-of-image marker must appear
+
+_DOWNLOAD_TIMEOUT_S = 20.0  # per socket operation; a silent firewall would hang otherwise
+_CHUNK = 1 << 20
+
+
+def root(data_dir: Path) -> Path:
+    """The ``imagewoof2-320`` directory under ``data_dir``."""
+    return Path(data_dir) / DIRNAME
+
+
+def is_jpeg_name(path: str) -> bool:
+    """The files ImageFolder is told to read (and check_files checks): JPEGs only."""
+    return path.lower().endswith(JPEG_SUFFIXES)
+
+
+def is_synthetic(data_dir: Path) -> bool:
+    return (root(data_dir) / MARKER).is_file()
+
+
+def fix_hint(data_dir: Path) -> str:
+    return (f"run `ddl prepare --plugin imagewoof --data-dir {data_dir}` on a login node "
+            "(or add --synthetic for generated data)")
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------
+
+
+def check_jpeg(path: Path) -> str | None:
+    """Why ``path`` is not a complete JPEG file, or None.
+
+    Reads 3 bytes at the start and 32 at the end: SOI (FF D8 FF) must open the file and EOI
+    (FF D9) must be near its end. A truncated JPEG stops inside entropy-coded data, where a
+    literal FF byte is always followed by 00 (or a restart marker), so FF D9 cannot appear
+    there; the tail allows for the padding some encoders write after EOI. A full decode
+    (PIL's verify) reads every byte and costs far more - see docs/workloads/imagewoof.md.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(3)
+            f.seek(max(0, size - _EOI_TAIL))
+            tail = f.read()
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if head != b"\xff\xd8\xff":
+        return "is not a JPEG file (no start-of-image marker)" if size else "is empty"
+    if b"\xff\xd9" not in tail:
+        return f"is a truncated JPEG ({size} bytes, no end-of-image marker)"
+    return None
+
+
+def _class_files(split_dir: Path) -> dict[str, list[Path]]:
+    return {d.name: sorted(p for p in d.iterdir() if p.is_file() and is_jpeg_name(p.name))
+            for d in sorted(split_dir.iterdir()) if d.is_dir()}
+
+
+def check_files(data_dir: Path, *, expected: dict[str, int] | None = None,
+                hint_dir: Path | None = None) -> dict[str, int]:
+    """Validate ``<data_dir>/imagewoof2-320`` without torch; return the image count per split.
+
+    Raises DataError with one line naming the file or folder and the problem. The real set
+    (no SYNTHETIC.txt) must have exactly :data:`EXPECTED_COUNTS` images (or ``expected``),
+    which catches an interrupted extraction; a synthetic set only needs images in every class.
+    """
+    data_dir = Path(data_dir)
+    hint = fix_hint(hint_dir or data_dir)
+    top = root(data_dir)
+    if not top.is_dir():
+        raise DataError(f"no Imagewoof data in {data_dir} (expected {top}/train and "
+                        f"{top}/val); {hint}")
+    if expected is None and not is_synthetic(data_dir):
+        expected = EXPECTED_COUNTS
+    counts = {}
+    for split in SPLITS:
+        split_dir = top / split
+        if not split_dir.is_dir():
+            raise DataError(f"missing folder {split_dir} (the Imagewoof data is incomplete); "
+                            f"{hint}")
+        files = _class_files(split_dir)
+        # ImageFolder labels classes by their sorted folder names: a missing or extra
+        # folder would silently shift every label.
+        missing = [w for w in WNIDS if w not in files]
+        if missing:
+            raise DataError(f"missing class folder {split_dir / missing[0]} (Imagewoof has "
+                            f"the 10 classes {', '.join(WNIDS)}); {hint}")
+        extra = [w for w in files if w not in WNIDS]
+        if extra:
+            raise DataError(f"unexpected folder {split_dir / extra[0]} (Imagewoof has only "
+                            f"the 10 classes {', '.join(WNIDS)}; remove it); {hint}")
+        for wnid, paths in files.items():
+            if not paths:
+                raise DataError(f"class folder {split_dir / wnid} holds no .JPEG images; {hint}")
+            for path in paths:
+                problem = check_jpeg(path)
+                if problem:
+                    raise DataError(f"corrupt file {path}: it {problem}; {hint}")
+        counts[split] = sum(len(p) for p in files.values())
+        if expected and counts[split] != expected[split]:
+            raise DataError(f"{split_dir} holds {counts[split]} images, expected "
+                            f"{expected[split]} (an incomplete copy?); {hint}")
+    return counts
+
+
+# ---------------------------------------------------------------------------------------
+# Installing a new imagewoof2-320 directory
+# ---------------------------------------------------------------------------------------
+
+
+def _install(new_root: Path, data_dir: Path) -> None:
+    """Rename a fully written directory into place, replacing any old one (moved aside first,
+    deleted last: at every moment there is one complete set, or the old one in a
+    ``.imagewoof2-320-old-*`` directory if killed between the two renames)."""
+    target = root(data_dir)
+    if not target.exists():
+        os.rename(new_root, target)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{DIRNAME}-old-", dir=data_dir))
+    os.rename(target, aside / DIRNAME)
+    os.rename(new_root, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _make_data_dir(data_dir: Path) -> None:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create data directory {data_dir}: {e.strerror or e}") from None
+    if not os.access(data_dir, os.W_OK):
+        raise DataError(f"data directory {data_dir} is not writable")
+
+
+def _holds_files(path: Path) -> bool:
+    return path.exists() and any(p.is_file() or p.is_symlink() for p in path.rglob("*"))
+
+
+# ---------------------------------------------------------------------------------------
+# Synthetic images
+# ---------------------------------------------------------------------------------------
+#
+# Each class is one texture (stripes, checks, dots, rings, ...) on a foreground object; pairs
+# of classes share a hue, so colour alone gives at most 50 % and the texture has to be
+# learnt. Everything else is nuisance: the object's outline (a random blob), position, size,
+# rotation and texture frequency, a cluttered background, a small distractor patch with
+# another class's texture, brightness/contrast jitter and sensor noise. Random crops (the
+# training augmentation keeps as little as 8 % of the image) sometimes miss the object,
+# as with real photos.
+
+_HUES = (0.0, 0.2, 0.4, 0.6, 0.8)  # class k uses hue _HUES[k // 2]
+
+
+def _texture(kind: int, u: np.ndarray, v: np.ndarray, r: np.ndarray, theta: np.ndarray,
+             period: float, rng: np.random.Generator) -> np.ndarray:
+    """Pattern in [-1, 1] over rotated coordinates (u, v) / polar (r, theta), in pixels."""
+    w = 2 * math.pi / period
+    if kind == 0:  # stripes
+        t = np.sin(w * u)
+    elif kind == 1:  # checkerboard
+        t = np.sign(np.sin(w * u) * np.sin(w * v))
+    elif kind == 2:  # dots
+        t = np.clip((np.cos(w * u) * np.cos(w * v) - 0.3) * 3, -1, 1)
+    elif kind == 3:  # concentric rings
+        t = np.sin(w * r)
+    elif kind == 4:  # zigzag (chevrons)
+        t = np.sin(w * (u + 0.6 * period * np.abs(((v / period) % 2) - 1)))
+    elif kind == 5:  # radial spokes
+        t = np.sin(int(rng.integers(7, 12)) * theta)
+    elif kind == 6:  # crosshatch (diagonal grid of thin dark lines)
+        t = 1 - 2 * np.maximum(np.abs(np.sin(w * (u + v) / 1.4)) > 0.85,
+                               np.abs(np.sin(w * (u - v) / 1.4)) > 0.85)
+    elif kind == 7:  # grid of squares
+        t = np.where((np.abs(np.sin(w * u)) < 0.35) | (np.abs(np.sin(w * v)) < 0.35), -1.0, 1.0)
+    elif kind == 8:  # waves
+        t = np.sin(w * (u + 0.35 * period * np.sin(w * v / 2.5)))
+    else:  # hexagonal blobs: three plane waves at 60 degrees
+        a, b = w * u, w * v * math.sqrt(3) / 2
+        t = np.clip((np.cos(a) + np.cos(a / 2 + b) + np.cos(a / 2 - b)) / 1.5, -1, 1)
+    return t.astype(np.float32)
+
+
+def _hsv(h: float, s: float, v: float) -> np.ndarray:
+    import colorsys
+
+    return np.array(colorsys.hsv_to_rgb(h % 1.0, s, v), dtype=np.float32) * 255
+
+
+def _patch(img: np.ndarray, kind: int, hue: float, cx: float, cy: float, radius: float,
+           rng: np.random.Generator) -> None:
+    """Paint a textured blob (class ``kind``, colours around ``hue``) onto img, in place."""
+    lobes = int(rng.integers(2, 6))
+    wobble, phase = rng.uniform(0.05, 0.3), rng.uniform(0, 6.3)
+    stretch, direction = rng.uniform(-0.25, 0.25), rng.uniform(0, 3.2)
+    reach = radius * (1 + wobble) * (1 + abs(stretch)) + 2  # bounding box of the blob
+    height, width = img.shape[:2]
+    x0, x1 = max(0, int(cx - reach)), min(width, int(cx + reach) + 1)
+    y0, y1 = max(0, int(cy - reach)), min(height, int(cy + reach) + 1)
+    if x0 >= x1 or y0 >= y1:
+        return
+    yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+    dx, dy = xx - np.float32(cx), yy - np.float32(cy)
+    r = np.sqrt(dx * dx + dy * dy)
+    theta = np.arctan2(dy, dx)
+    # outline: a radius that wobbles with the angle (ellipse-ish to star-ish blobs)
+    edge = radius * (1 + wobble * np.cos(lobes * theta + phase))
+    edge *= 1 + stretch * np.cos(2 * (theta - direction))
+    alpha = np.clip((edge - r) / 1.5, 0, 1)[..., None]  # soft edge
+    angle = rng.uniform(0, math.pi)
+    u = dx * math.cos(angle) + dy * math.sin(angle)
+    v = -dx * math.sin(angle) + dy * math.cos(angle)
+    period = rng.uniform(4.5, 8) * radius / 50 + 2.5
+    t = _texture(kind, u, v, r, theta, period, rng)[..., None]
+    hue += rng.normal(0, 0.025)
+    light = _hsv(hue, rng.uniform(0.45, 0.8), rng.uniform(0.8, 1.0))
+    dark = _hsv(hue + rng.normal(0, 0.03), rng.uniform(0.6, 1.0), rng.uniform(0.2, 0.45))
+    texture = dark + (light - dark) * (t + 1) / 2
+    view = img[y0:y1, x0:x1]
+    view *= 1 - alpha
+    view += alpha * texture
+
+
+def _render(label: int, width: int, height: int, rng: np.random.Generator) -> Image.Image:
+    """One image of class ``label``, drawn at half resolution and upscaled: 4x fewer pixels
+    to compute, and the textures' periods stay well above the pixel size."""
+    w, h = (width + 1) // 2, (height + 1) // 2
+    # background: a gradient between two dull colours, plus clutter drawn with PIL
+    c0 = _hsv(rng.uniform(), rng.uniform(0, 0.35), rng.uniform(0.3, 0.8))
+    c1 = _hsv(rng.uniform(), rng.uniform(0, 0.35), rng.uniform(0.3, 0.8))
+    g = np.linspace(0, 1, w if rng.random() < 0.5 else h, dtype=np.float32)
+    g = g[None, :, None] if g.size == w else g[:, None, None]
+    background = Image.fromarray(np.broadcast_to(c0 + (c1 - c0) * g, (h, w, 3))
+                                 .astype(np.uint8))
+    draw = ImageDraw.Draw(background)
+    short = min(w, h)
+    for _ in range(int(rng.integers(4, 10))):
+        x, y = rng.uniform(0, w), rng.uniform(0, h)
+        s = rng.uniform(0.03, 0.15) * short
+        fill = tuple(int(c) for c in _hsv(rng.uniform(), rng.uniform(0, 0.6), rng.uniform(0.2, 0.9)))
+        if rng.random() < 0.5:
+            draw.ellipse((x - s, y - s * rng.uniform(0.4, 1), x + s, y + s), fill=fill)
+        else:
+            draw.line((x, y, x + rng.normal(0, 2 * s), y + rng.normal(0, 2 * s)), fill=fill,
+                      width=int(rng.integers(1, 4)))
+    img = np.asarray(background, dtype=np.float32).copy()
+
+    # a distractor: a small patch of another class's texture
+    if rng.random() < 0.7:
+        other = (label + int(rng.integers(1, 10))) % 10
+        _patch(img, other, _HUES[other // 2], rng.uniform(0, w), rng.uniform(0, h),
+               rng.uniform(0.08, 0.15) * short, rng)
+    # the object: large, mostly inside the frame
+    _patch(img, label, _HUES[label // 2], rng.uniform(0.3, 0.7) * w, rng.uniform(0.3, 0.7) * h,
+           rng.uniform(0.25, 0.42) * short, rng)
+
+    img = (img - 128) * rng.uniform(0.75, 1.15) + 128 + rng.normal(0, 12)  # contrast, brightness
+    img += rng.standard_normal((h, w, 1), dtype=np.float32) * rng.uniform(3, 10)  # sensor noise
+    small = Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+    return small.resize((width, height), Image.BILINEAR)
+
+
+def _size(rng: np.random.Generator, short: int) -> tuple[int, int]:
+    """(width, height): shorter side ``short``, aspect ratio 1 to 1.5, mostly landscape like
+    the photos of the real set."""
+    long = round(short * rng.uniform(1.0, 1.5))
+    return (long, short) if rng.random() < 0.75 else (short, long)
+
+
+def _synthetic_note(data_dir: Path, seed: int, per_class: dict[str, int], short: int) -> str:
+    return (
+        "This is NOT the real Imagewoof data set.\n"
+        "\n"
+        "These are generated JPEG files in Imagewoof's layout (imagewoof2-320/{train,val}/<wnid>/),\n"
+        "so that torchvision.datasets.ImageFolder reads them on machines that cannot download\n"
+        "the real data. Each class is a texture on a foreground blob (pairs of classes share a\n"
+        "hue) over a cluttered background, with random placement, size, rotation, a distractor\n"
+        "patch and noise. Accuracy on this set says nothing about accuracy on real Imagewoof.\n"
+        "\n"
+        "generator:        ddl_imagewoof.data.write_synthetic\n"
+        f"seed:             {seed}\n"
+        f"images per class: train {per_class['train']}, val {per_class['val']}\n"
+        f"shorter side:     {short} px\n"
+        "\n"
+        "To replace it with the real data, run on a machine with internet access:\n"
+        f"  ddl prepare --plugin imagewoof --data-dir {data_dir}\n"
+    )
+
+
+def write_synthetic(data_dir: Path, train_per_class: int = 100, val_per_class: int = 30,
+                    seed: int = 0, short_side: int = 320, quality: int = 90) -> Path:
+    """Write a learnable generated Imagewoof stand-in (real JPEG files) and return its root.
+
+    Deterministic for a given seed: every (split, class) has its own random stream, so the
+    val images do not change with ``train_per_class``. Replaces an earlier synthetic set but
+    refuses (DataError) to touch a directory holding anything else, real data above all.
+    """
+    data_dir = Path(data_dir)
+    if train_per_class < 1 or val_per_class < 1:
+        raise DataError(f"synthetic Imagewoof sizes must be positive (got train "
+                        f"{train_per_class}, val {val_per_class} per class)")
+    target = root(data_dir)
+    if _holds_files(target) and not is_synthetic(data_dir):
+        raise DataError(f"{target} already holds files that are not a synthetic set (real "
+                        f"Imagewoof data?); refusing to overwrite them (remove {target} "
+                        "yourself if you really want generated data)")
+    _make_data_dir(data_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DIRNAME}-synthetic-", dir=data_dir))
+    try:
+        val_number = 0
+        for s, (split, n) in enumerate((("train", train_per_class), ("val", val_per_class))):
+            for c, wnid in enumerate(WNIDS):
+                folder = tmp / split / wnid
+                folder.mkdir(parents=True)
+                rng = np.random.default_rng([seed, s, c])
+                for i in range(n):
+                    image = _render(c, *_size(rng, short_side), rng)
+                    if split == "train":
+                        name = f"{wnid}_{i}.JPEG"
+                    else:  # the real val files keep their ILSVRC2012 validation names
+                        val_number += 1
+                        name = f"ILSVRC2012_val_{val_number:08d}.JPEG"
+                    image.save(folder / name, format="JPEG", quality=quality)
+        (tmp / MARKER).write_text(_synthetic_note(
+            data_dir, seed, {"train": train_per_class, "val": val_per_class}, short_side))
+        _install(tmp, data_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+# ---------------------------------------------------------------------------------------
+# Real download
+# ---------------------------------------------------------------------------------------
+
+_FILESYSTEM_ERRNOS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM}
+
+
+def _fetch(url: str, part: Path, timeout: float) -> None:
+    """Stream ``url`` into ``part``, continuing a partial file with an HTTP Range request.
+
+    Returns when ``part`` holds the whole resource. A server that ignores the Range header
+    (status 200) gets the file rewritten from the start; 416 on a non-empty part means
+    there is nothing left to fetch.
+    """
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    have = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": "ddl-imagewoof"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    try:
+        response = urlopen(Request(url, headers=headers), timeout=timeout)
+    except HTTPError as e:
+        if e.code == 416 and have:
+            return
+        raise
+    with response:
+        if response.status == 206:
+            content_range = response.headers.get("Content-Range", "")
+            if not content_range.startswith(f"bytes {have}-"):
+                raise DdlError(f"the server answered a resume request with the wrong range "
+                               f"({content_range!r}); delete {part} and run again")
+            mode = "ab"
+            total = int(content_range.rpartition("/")[2]) if "/" in content_range else None
+        else:
+            mode, have = "wb", 0
+            length = response.headers.get("Content-Length")
+            total = int(length) if length else None
+        if have:
+            print(f"resuming {url} at {have / 1e6:.0f} MB", flush=True)
+        written, last_report = have, time.monotonic()
+        with open(part, mode) as f:
+            while chunk := response.read(_CHUNK):
+                f.write(chunk)
+                written += len(chunk)
+                if time.monotonic() - last_report > 10:
+                    last_report = time.monotonic()
+                    of = f" of {total / 1e6:.0f}" if total else ""
+                    print(f"  {written / 1e6:.0f}{of} MB", flush=True)
+            f.flush()
+            os.fsync(f.fileno())
+    if total is not None and written != total:
+        raise DdlError(f"download of {url} stopped at {written} of {total} bytes; run the "
+                       "same command again to resume")
+
+
+def _short_reason(exc: BaseException) -> str:
+    from urllib.error import HTTPError, URLError
+
+    if isinstance(exc, HTTPError):
+        return f"HTTP {exc.code} {exc.reason}"
+    if isinstance(exc, URLError):
+        return str(exc.reason)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def download(data_dir: Path, *, url: str = URL, expected: dict[str, int] | None = None,
+             timeout: float = _DOWNLOAD_TIMEOUT_S) -> Path:
+    """Download and unpack the real Imagewoof 320 px; return ``<data_dir>/imagewoof2-320``.
+
+    Safe to re-run: a complete real set is left alone; an interrupted download resumes from
+    ``imagewoof2-320.tgz.part`` (HTTP Range). The archive is unpacked with tarfile's
+    ``data`` filter (no absolute paths, links out of the tree or device files) into a
+    temporary sibling, checked (file counts: no checksum is published) and renamed into
+    place, replacing a synthetic set if there is one; then the archive is deleted. Failures
+    are one-line DdlErrors.
+    """
+    data_dir = Path(data_dir)
+    expected = expected or EXPECTED_COUNTS
+    target = root(data_dir)
+    if target.exists() and not is_synthetic(data_dir):
+        try:
+            counts = check_files(data_dir, expected=expected)
+        except DataError:
+            pass
+        else:
+            print(f"Imagewoof already present in {target} ({counts['train']} train, "
+                  f"{counts['val']} val images); skipping download")
+            return target
+    _make_data_dir(data_dir)
+    from http.client import HTTPException
+
+    archive = data_dir / ARCHIVE
+    part = data_dir / (ARCHIVE + ".part")
+    try:
+        if not archive.exists():
+            print(f"downloading {url} to {archive}", flush=True)
+            _fetch(url, part, timeout)
+            os.replace(part, archive)
+        _unpack(archive, data_dir, expected)
+    except DdlError:
+        raise
+    except OSError as e:
+        if getattr(e, "errno", None) in _FILESYSTEM_ERRNOS and not hasattr(e, "reason"):
+            raise DdlError(f"could not write Imagewoof to {data_dir}: {e.strerror or e}") from None
+        raise _download_error(url, e) from None
+    except (HTTPException, ValueError) as e:  # IncompleteRead, a bad Content-Range, ...
+        raise _download_error(url, e) from None
+    archive.unlink()
+    counts = check_files(data_dir, expected=expected)
+    print(f"Imagewoof 320 px: {counts['train']} train and {counts['val']} val images in {target}")
+    return target
+
+
+def _unpack(archive: Path, data_dir: Path, expected: dict[str, int]) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DIRNAME}-unpack-", dir=data_dir))
+    try:
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, EOFError, zlib.error) as e:
+            archive.unlink()
+            raise DdlError(f"the downloaded archive {archive} is damaged ({_short_reason(e)}); "
+                           "it was deleted, run the same command again") from None
+        try:
+            check_files(tmp, expected=expected, hint_dir=data_dir)
+        except DataError as e:
+            archive.unlink()
+            problem = str(e).split("; run `")[0]
+            raise DdlError(f"the downloaded archive failed validation: {problem}; it was "
+                           "deleted, run the same command again") from None
+        _install(tmp / DIRNAME, data_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _download_error(url: str, exc: BaseException) -> DdlError:
+    return DdlError(f"could not download Imagewoof from {url} ({_short_reason(exc)}): this "
+                    "machine has no access to it; run `ddl prepare --plugin imagewoof` on a "
+                    "login node with internet access, or use --synthetic")
