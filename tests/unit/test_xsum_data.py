@@ -188,8 +188,13 @@ def test_ddl_plugins_lists_xsum_with_presets_and_capabilities(tmp_path):
     i = next(i for i, line in enumerate(lines) if line.split()[:1] == ["xsum"])
     assert "T5" in lines[i]
     assert "presets: course (default), t5-small, tiny; from ddl-xsum" in lines[i + 1]
+    header = next(line for line in lines if line.startswith("Support"))
+    names = lines[lines.index(header) + 1].split()
     support = next(line for line in lines[i + 2:] if line.split()[:1] == ["xsum"])
-    assert "-" not in support.split()[1:], support  # every installed strategy can run it
+    cells = dict(zip(names, support.split()[1:]))
+    # pipeline stages for an encoder-decoder are not built yet (see docs/workloads/xsum.md)
+    assert cells == {"ddp": "yes", "fsdp": "yes", "accelerate": "yes", "pp": "-", "tp": "yes",
+                     "fsdp+tp": "yes"}, support
     spec = Plugins().workload("xsum")
-    assert spec.capabilities == {"fsdp_units", "tp_plan", "pipeline_splits"}
+    assert spec.capabilities == {"fsdp_units", "tp_plan"}
     assert spec.plugin == "xsum"  # found through its installed entry point
