@@ -27,7 +27,9 @@ def test_missing_data_dir_fails(tmp_path):
 
 def test_gpu_site_inside_a_job_without_gpus_fails(tmp_path):
     """A JSC job on this CPU-only machine: no devices, no IB host name -> FAIL lines."""
-    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "jwb0001", "HF_HUB_OFFLINE": "1"}
+    # the other HF offline variables explicitly unset (in-process xsum tests set them)
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "jwb0001", "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "", "TRANSFORMERS_OFFLINE": "", "HF_EVALUATE_OFFLINE": ""}
     proc = run_ddl("doctor", "--site", "juwels-booster", env=env)
     assert proc.returncode == 1
     checks = _checks(proc)
