@@ -53,5 +53,6 @@ def run_script(script: str, tmp_path, *, nodes: list[str], hosts: dict[str, str]
            "STUB_NODES": " ".join(nodes), "SRUN_ARGS": str(srun_args)}
     proc = subprocess.run(["bash", "-c", wrapper + 'source /dev/stdin'], input=script,
                           env=env, capture_output=True, text=True, timeout=30)
-    args = srun_args.read_text().split("\0")[:-1] if srun_args.exists() else []
+    # bytes, not read_text(): universal newlines would turn a typed "\r" into "\n"
+    args = srun_args.read_bytes().decode().split("\0")[:-1] if srun_args.exists() else []
     return proc, args

@@ -8,7 +8,7 @@ stand-ins for the Slurm commands) and compares what srun received with what was 
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ddl.cli import main
@@ -28,6 +28,7 @@ SETTINGS = settings(max_examples=40, deadline=None,
 
 @SETTINGS
 @given(data_dir=VALUES, preset=VALUES)
+@example(data_dir="a\rb $(touch PWNED)", preset="x'\n`touch PWNED`")
 def test_run_values_arrive_literally(capsys, tmp_path, data_dir, preset):
     script = render(capsys, "--site", "lumi-g", "--nodes", "2", "--plugin", "mnist",
                     "--data-dir", data_dir, "--preset", preset)
