@@ -49,20 +49,21 @@ def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def _train(tmp_path, data_dir, nproc):
-    run_dir = tmp_path / f"np{nproc}"
+def _train(tmp_path, data_dir, nproc, strategy="ddp"):
+    run_dir = tmp_path / f"np{nproc}-{strategy}"
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny-syncbn", "--lr", "0.01",
                    "--global-batch-size", "64", "--epochs", "2", "--steps-per-epoch", "3",
                    "--seed", "7", "--nproc", str(nproc), "--data-dir", str(data_dir),
-                   "--run-dir", str(run_dir), cwd=tmp_path)
+                   "--run-dir", str(run_dir), "--strategy", strategy, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((run_dir / "results.json").read_text())
     return results, torch.load(run_dir / "model.pt", weights_only=True)
 
 
-def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cifar):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate"])
+def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cifar, strategy):
     one, w1 = _train(tmp_path, prepared_cifar, 1)
-    two, w2 = _train(tmp_path, prepared_cifar, 2)
+    two, w2 = _train(tmp_path, prepared_cifar, 2, strategy)
     assert two["batch"] == {"per_replica": 32, "global": 64}
     torch.manual_seed(7)
     initial = model.build(PRESETS["tiny-syncbn"].options).state_dict()

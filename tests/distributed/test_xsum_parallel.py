@@ -1,4 +1,5 @@
-"""T5 (xsum tiny) under tensor parallel and 2-D FSDP x TP ends where one process ends.
+"""T5 (xsum tiny) under FSDP, Accelerate, tensor parallel and 2-D FSDP x TP ends where one
+process ends.
 
 Same seed and global batch, 3 AdamW steps, through the real CLI. Adam divides each update
 by the running gradient magnitude, so for the few weights whose gradient is ~0 a rounding
@@ -43,6 +44,8 @@ def single(tmp_path_factory, xsum_data):
 
 
 @pytest.mark.parametrize("nproc, strategy, extra, dp", [
+    (2, "fsdp", (), 2),
+    (2, "accelerate", (), 2),
     (2, "tp", (), 1),
     (4, "fsdp+tp", ("--mesh", "dp=2,tp=2"), 2),
 ])

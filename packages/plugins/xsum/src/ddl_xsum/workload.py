@@ -285,6 +285,9 @@ class XsumWorkload(Workload):
             plan[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"] = "colwise"
         return plan
 
+    def _gathered_copy(self, model: nn.Module, world: Any):
+        return _gathered_copy_impl(model, world.device)
+
     def prepare_tensor_parallel(self, model: nn.Module, tp_degree: int) -> None:
         """Each rank computes n_heads / tp of every attention layer: T5Attention reshapes
         with ``n_heads`` and ``inner_dim``, so both become per-rank counts."""
@@ -332,6 +335,11 @@ class XsumWorkload(Workload):
         if generate is None:
             return {}
         n = len(dataset) if self.rouge_samples is None else min(self.rouge_samples, len(dataset))
+        if callable(getattr(model, "unshard", None)):
+            # FSDP2: generate() calls the encoder directly, bypassing the root's forward, so
+            # the root's own parameters (the tied embedding) are never gathered. Generate
+            # with a plain copy instead (a collective to build it; tiny next to training).
+            model, generate = self._gathered_copy(model, world)
         shard = _is_replicated(model) and world.size > 1
         indices = list(range(world.rank, n, world.size)) if shard else list(range(n))
         tok = self._tokenizer
@@ -360,6 +368,17 @@ class XsumWorkload(Workload):
         count = max(sums[3].item(), 1.0)
         return {"rouge1": sums[0].item() / count, "rouge2": sums[1].item() / count,
                 "rougeL": sums[2].item() / count}
+
+
+def _gathered_copy_impl(model: nn.Module, device: torch.device):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import T5ForConditionalGeneration
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    plain = T5ForConditionalGeneration(model.config)
+    plain.load_state_dict(state, strict=False)  # tied copies of the embedding may be absent
+    plain.to(device).eval()
+    return plain, plain.generate
 
 
 def _is_replicated(model: nn.Module) -> bool:
