@@ -195,7 +195,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
             os.environ.update(srun_worker_env(site))
         _preflight(config, plugins, int(os.environ["WORLD_SIZE"]), False)
         worker.run(config, create_run_dir=True)
-        return 0
+        worker.exit_now(0)  # skip interpreter teardown (see worker.exit_now)
 
     from ddl import worker
     from ddl.slurm import exec_node_launcher, node_launcher_command

@@ -74,6 +74,16 @@ def load_config(args: list[str]):
     return config, False
 
 
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown. Results are written and the process group
+    is destroyed by now; seen on the local Slurm: a gloo rank occasionally aborted during
+    teardown ("terminate called without an active exception", exit 134) after a complete
+    run, failing a finished job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     rank = int(os.environ.get("RANK", 0))
@@ -91,4 +101,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
