@@ -101,4 +101,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    code = main()
+    if code == 0:
+        exit_now(0)
+    # On failure keep the normal exit: rank 0 prints the one-line error, and the slower
+    # teardown keeps it alive long enough when other ranks fail first and the agent
+    # starts stopping the rest.
+    sys.exit(code)
