@@ -18,7 +18,6 @@ early by the batch shell (the bug of huggingface/accelerate#2816).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 
@@ -110,6 +109,3 @@ def bind_worker_cpus(site: SiteProfile, local_rank: int, launched_per_node: bool
                        f"is local rank {local_rank}")
     os.sched_setaffinity(0, cores[local_rank])
 
-
-def find_executable(name: str) -> str | None:
-    return shutil.which(name)
