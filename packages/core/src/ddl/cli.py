@@ -82,6 +82,13 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-per-epoch", type=int, default=S,
                    help="cap on training steps per epoch (quick checks)")
     p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
+    p.add_argument("--checkpoint-every", type=int, default=S, metavar="STEPS",
+                   help="optimizer steps between checkpoints (default: every epoch's end)")
+    p.add_argument("--keep-checkpoints", type=int, default=S, metavar="K",
+                   help="newest checkpoints kept (default: 2; 0 = none)")
+    p.add_argument("--resume", default=S, metavar="auto|none|PATH",
+                   help="auto: continue the run dir's newest checkpoint if any; PATH: start "
+                        "from a checkpoint or run directory (any world size/strategy)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=S,
                    help="default: auto (the site's accelerator)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=S,
@@ -173,7 +180,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         _preflight(config, plugins, nproc, built.data_dir_is_default)
         run_dir = config.run_dir or rundir.default_run_dir(Path("runs"), config.plugin,
                                                            config.strategy)
-        rundir.create(run_dir)
+        rundir.create(run_dir, config.resume)
         config = config.model_copy(update={"run_dir": run_dir.resolve(), "nproc": nproc,
                                            "data_dir": Path(config.data_dir).resolve()})
         rundir.write_json(run_dir / rundir.CONFIG, config.model_dump(mode="json"))

@@ -66,6 +66,13 @@ class RunConfig(BaseModel):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "
         "scaler) on older GPUs, fp32 on CPU")
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="optimizer steps between checkpoints (default: at the end of "
+        "every epoch only)")
+    keep_checkpoints: int = Field(2, ge=0, description="newest checkpoints kept; 0 = none written")
+    resume: str = Field(
+        "none", min_length=1, description="'auto': continue from this run dir's newest "
+        "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")
 

@@ -43,13 +43,27 @@ class EvalShardSampler(Sampler[int]):
         return self.total
 
 
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can begin an epoch part-way through, after a resume: the
+    order is the epoch's usual one (seed + epoch), the first ``start`` samples of this
+    replica's shard are skipped."""
+
+    start = 0
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.start:])
+
+
 def train_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, seed: int,
                  workers: int, pin_memory: bool) -> DataLoader:
-    sampler = DistributedSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True,
-                                 seed=seed, drop_last=True)
+    sampler = ResumableSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True,
+                               seed=seed, drop_last=True)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True,
-                      num_workers=workers, pin_memory=pin_memory,
-                      persistent_workers=workers > 0)
+                      num_workers=workers, pin_memory=pin_memory)
+    # Not persistent_workers: fresh workers each epoch draw their seeds from the main
+    # process's RNG, which a checkpoint restores, so a run resumed at an epoch boundary
+    # augments exactly as an uninterrupted one (persistent workers would carry their own
+    # RNG streams across epochs, which no checkpoint holds).
 
 
 def eval_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, workers: int,

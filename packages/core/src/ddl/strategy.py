@@ -113,6 +113,40 @@ class Strategy(ABC):
         with precision.autocast():
             return workload.forward(self.eval_model(model), inputs)
 
+    def checkpoint_name(self, fqn: str) -> str:
+        """A parameter's name in checkpoints, given its name in the wrapped model. The
+        default suits strategies whose state dicts already use the unwrapped model's names
+        (torch's get_state_dict strips DDP/FSDP prefixes)."""
+        return fqn
+
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer
+                         ) -> dict[str, Any]:
+        """Model and optimizer state for ``torch.distributed.checkpoint``, keyed by the
+        unwrapped model's parameter names so that any strategy and world size can load it.
+        Each rank holds only its own shards (DTensors under FSDP/TP)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        from ddl.checkpoint import rename_state
+
+        model_state, optim_state = get_state_dict(
+            model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+        state, self._checkpoint_names = rename_state(
+            {"model": model_state, "optim": optim_state}, self.checkpoint_name)
+        return state
+
+    def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                              state: dict[str, Any]) -> None:
+        """Put a state filled by ``torch.distributed.checkpoint`` (from
+        :meth:`checkpoint_state`) back into the run."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        from ddl.checkpoint import restore_names
+
+        original = restore_names(state, self._checkpoint_names)
+        set_state_dict(model, optimizer, model_state_dict=original["model"],
+                       optim_state_dict=original["optim"],
+                       options=StateDictOptions(flatten_optimizer_state_dict=True))
+
     @abstractmethod
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The complete, unwrapped weights (plain tensors; valid on rank 0 at least)."""

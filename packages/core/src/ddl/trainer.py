@@ -3,6 +3,8 @@
 Per epoch: reshuffle (``set_epoch``), train, evaluate on the validation split, average the
 metrics over all ranks, print one line on rank 0 and append it to ``metrics.jsonl``. After
 the last epoch: evaluate on the test split, export the weights, write ``results.json``.
+Checkpoints (``ddl.checkpoint``) are written at every epoch's end and, with
+``--checkpoint-every``, between; ``--resume`` continues from one mid-epoch.
 
 Timing follows the courses: the first epoch includes one-off costs (allocator warm-up, lazy
 initialisation, data caching), so it is marked ``warmup`` and left out of the summary.
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ddl import rundir
+from ddl import checkpoint, rundir
 from ddl.config import RunConfig, resolve_batch, scaled_lr
 from ddl.data import eval_loader, train_loader
 from ddl.distributed import World, seed_all
@@ -179,22 +181,39 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     def eval_step(inputs, targets):
         return strategy.eval_step(model, inputs, targets, workload, precision)
 
+    resumed_from = checkpoint.resolve(config.resume, run_dir)
+    resumed = _resume(resumed_from, config, world, strategy, model, optimizer, scheduler,
+                      layout, run_dir)
+    step, first_epoch, first_position = ((resumed.step, resumed.epoch, resumed.position)
+                                         if resumed else (0, 1, 0))
+    epochs = _earlier_epochs(resumed_from, world, run_dir, first_epoch)
+
+    def save_checkpoint(epoch: int, position: int) -> None:
+        if config.keep_checkpoints == 0:
+            return
+        state = checkpoint.TrainerState(
+            step=step, epoch=epoch, position=position, global_batch=layout.global_batch,
+            world_size=world.size, scheduler=scheduler.state_dict(), plugin=config.plugin,
+            preset=layout.preset, strategy=config.strategy)
+        checkpoint.save(run_dir, world, strategy, model, optimizer, state,
+                        config.keep_checkpoints)
+
     say(world, f"ddl: {config.plugin} ({layout.preset}) with {config.strategy} on "
                f"{world.size} process(es), {world.device.type}/{world.backend}, "
                f"{precision.name}, {workers} loader worker(s); global batch "
                f"{layout.global_batch} ({layout.batch_per_replica} per replica), lr "
                f"{layout.lr:g}, {layout.steps_per_epoch} steps/epoch, run dir {run_dir}")
-    epochs: list[dict[str, Any]] = []
-    step = 0
-    for epoch in range(1, layout.epochs + 1):
+    for epoch in range(first_epoch, layout.epochs + 1):
         loader.sampler.set_epoch(epoch)
+        position = first_position if epoch == first_epoch else 0
+        loader.sampler.start = position * layout.batch_per_replica
         model.train()
         sums = MetricSums(world.device)
         data_wait = 0.0
         _sync(world.device)
         t0 = time.perf_counter()
         batches = iter(loader)
-        for i in range(layout.steps_per_epoch):
+        for i in range(position, layout.steps_per_epoch):
             t_fetch = time.perf_counter()
             batch = workload.to_device(next(batches), world.device)
             data_wait += time.perf_counter() - t_fetch
@@ -207,26 +226,32 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
             if world.is_main and (i + 1) % config.log_every == 0:
                 print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
                       f"loss {loss.item():.4f} (rank 0)", flush=True)
+            if (config.checkpoint_every and step % config.checkpoint_every == 0
+                    and i + 1 < layout.steps_per_epoch):
+                save_checkpoint(epoch, i + 1)
         _sync(world.device)
         seconds = time.perf_counter() - t0
         train_metrics = sums.reduce(world)
         t_eval = time.perf_counter()
         model.eval()
         val_metrics = evaluate(eval_step, val_loader, workload, world)
-        samples = layout.steps_per_epoch * layout.global_batch
-        record = {"epoch": epoch, "warmup": epoch == 1, "time_s": seconds,
+        samples = (layout.steps_per_epoch - position) * layout.global_batch
+        record = {"epoch": epoch, "warmup": epoch == first_epoch, "time_s": seconds,
                   "samples": samples, "samples_per_s": samples / seconds,
                   "data_wait_s": data_wait,
                   "data_wait_per_step_s": data_wait / layout.steps_per_epoch,
                   "eval_time_s": time.perf_counter() - t_eval,
                   "lr": optimizer.param_groups[0]["lr"], "train": train_metrics,
                   "val": val_metrics}
+        if position:
+            record["resumed_at_step"] = position  # a partial epoch: times cover the rest
         epochs.append(record)
         say(world, f"epoch {epoch}/{layout.epochs}  train {_fmt(train_metrics)} | val "
                    f"{_fmt(val_metrics)} | {seconds:.1f} s, {samples / seconds:.0f} samples/s"
-                   + (" (warm-up, excluded from the summary)" if epoch == 1 else ""))
+                   + (" (warm-up, excluded from the summary)" if epoch == first_epoch else ""))
         if world.is_main:
             rundir.append_jsonl(run_dir / rundir.METRICS, record)
+        save_checkpoint(epoch + 1, 0)
 
     model.eval()
     test_metrics = evaluate(eval_step, test_loader, workload, world)
@@ -238,6 +263,13 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     results = _results(config, world, layout, workload, epochs, val_metrics, test_metrics,
                        started, data_dir, model)
     results["memory_per_rank"] = memory
+    results["checkpoints"] = {
+        "latest": str(checkpoint.latest(run_dir) or ""), "keep": config.keep_checkpoints,
+        "every_steps": config.checkpoint_every,
+        "resumed_from": ({"checkpoint": str(resumed_from),
+                          "step": resumed.step, "saved_by_world_size": resumed.world_size}
+                         if resumed else None)}
+    results["slurm_restart_count"] = int(os.environ.get("SLURM_RESTART_COUNT", 0))
     results["strategy_report"] = strategy_report
     results["versions"]["plugins"] = {
         role: plugins.version_of(spec.plugin) or spec.plugin
@@ -248,6 +280,44 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         rundir.write_json(run_dir / rundir.RESULTS, results)
         say(world, f"results: {run_dir / rundir.RESULTS}")
     return results
+
+
+def _resume(path: Path | None, config: RunConfig, world: World, strategy: Strategy, model,
+            optimizer, scheduler, layout: Layout, run_dir: Path
+            ) -> checkpoint.TrainerState | None:
+    """Load the checkpoint ``--resume`` named (if any) into the freshly built run."""
+    if path is None:
+        if config.resume == "auto":
+            say(world, f"ddl: --resume auto: no checkpoint in {run_dir}; starting from step 0")
+        return None
+    saved = checkpoint.read_trainer_state(path)
+    if saved.plugin and (saved.plugin, saved.preset) != (config.plugin, layout.preset):
+        raise UsageError(f"--resume: {path} holds {saved.plugin} ({saved.preset}), not "
+                         f"{config.plugin} ({layout.preset}); resume with the same workload")
+    if saved.position and saved.global_batch != layout.global_batch:
+        raise UsageError(f"--resume: {path} stopped inside an epoch with global batch "
+                         f"{saved.global_batch}; resume it with the same global batch (now "
+                         f"{layout.global_batch}) or from an epoch-end checkpoint")
+    if saved.epoch > layout.epochs:
+        raise UsageError(f"--resume: {path} already completed {saved.epoch - 1} epoch(s); "
+                         f"ask for more with --epochs (now {layout.epochs})")
+    checkpoint.load(path, world, strategy, model, optimizer)
+    scheduler.load_state_dict(saved.scheduler)
+    say(world, f"ddl: resumed from {path} (step {saved.step}, epoch {saved.epoch}, "
+               f"batch {saved.position} of the epoch; saved by {saved.world_size} rank(s) "
+               f"under {saved.strategy})")
+    return saved
+
+
+def _earlier_epochs(path: Path | None, world: World, run_dir: Path,
+                    first_epoch: int) -> list[dict[str, Any]]:
+    """Per-epoch records of the epochs before the resume point, from the run that wrote the
+    checkpoint; this run's metrics.jsonl is rewritten to hold exactly those."""
+    source = path.parent.parent / rundir.METRICS if path else run_dir / rundir.METRICS
+    records = [r for r in rundir.read_jsonl(source) if r.get("epoch", 0) < first_epoch]
+    if world.is_main and (records or (run_dir / rundir.METRICS).exists()):
+        rundir.rewrite_jsonl(run_dir / rundir.METRICS, records)
+    return records
 
 
 def _save_model(state: dict[str, torch.Tensor], path: Path) -> None:

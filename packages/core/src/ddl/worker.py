@@ -31,7 +31,7 @@ def _create_run_dir_on_rank0(config, world) -> None:
     problem = None
     if world.is_main:
         try:
-            rundir.create(config.run_dir)
+            rundir.create(config.run_dir, config.resume)
             rundir.write_json(config.run_dir / rundir.CONFIG, config.model_dump(mode="json"))
         except UsageError as exc:
             problem = str(exc)

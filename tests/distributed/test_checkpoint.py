@@ -1,0 +1,131 @@
+"""Checkpoints through the real CLI: resume where a run stopped, on another number of ranks
+or another strategy, and load into one plain process.
+
+The reference is an uninterrupted run of 2 epochs x 3 steps. The interrupted run trains 1
+epoch and writes checkpoints after step 2 (mid-epoch, --checkpoint-every 2) and step 3
+(the epoch's end). Resumed runs then train the remaining steps.
+"""
+
+import json
+
+import pytest
+import torch
+
+from conftest import assert_one_line_error, run_ddl
+
+pytestmark = pytest.mark.distributed
+
+COMMON = ["train", "--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "64",
+          "--steps-per-epoch", "3", "--seed", "7"]
+
+
+def _train(run_dir, data_dir, nproc, strategy, epochs, *extra):
+    proc = run_ddl(*COMMON, "--nproc", str(nproc), "--strategy", strategy, "--epochs",
+                   str(epochs), "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra,
+                   cwd=run_dir.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _weights(run_dir):
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def _max_relative(a, b):
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item()
+               for k in b)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, synthetic_mnist):
+    root = tmp_path_factory.mktemp("ckpt")
+    _train(root / "whole", synthetic_mnist, 2, "fsdp", 2)
+    _train(root / "first", synthetic_mnist, 2, "fsdp", 1, "--checkpoint-every", "2")
+    return root
+
+
+def test_checkpoints_written_atomically_with_latest_pointer(runs):
+    ckpts = runs / "first" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-00000002",
+                                                       "step-00000003"]
+    assert (ckpts / "latest").read_text() == "step-00000003"
+    state = json.loads((ckpts / "step-00000002" / "trainer.json").read_text())
+    assert (state["step"], state["epoch"], state["position"], state["world_size"]) == (2, 1, 2, 2)
+    results = json.loads((runs / "first" / "results.json").read_text())
+    assert results["checkpoints"]["latest"].endswith("step-00000003")
+
+
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_fsdp_checkpoint_of_2_ranks_resumes_on_other_world_sizes(runs, synthetic_mnist, nproc):
+    """Acceptance: saved by 2 FSDP ranks, resumed by 1 and by 4; the steps after the resume
+    match the uninterrupted run (float rounding of a different reduction order only)."""
+    run_dir = runs / f"resumed-{nproc}"
+    proc = _train(run_dir, synthetic_mnist, nproc, "fsdp", 2, "--resume", str(runs / "first"))
+    assert "resumed from" in proc.stdout and "saved by 2 rank(s)" in proc.stdout
+    assert _max_relative(_weights(run_dir), _weights(runs / "whole")) < 1e-5
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["checkpoints"]["resumed_from"]["saved_by_world_size"] == 2
+    assert [e["epoch"] for e in results["epochs"]] == [1, 2]  # epoch 1 from the first run
+
+
+def test_mid_epoch_resume_on_same_layout_is_bit_identical(runs, synthetic_mnist):
+    """Resume from the checkpoint after step 2 (inside epoch 1): sampler position, LR
+    schedule, optimizer and RNG continue exactly, so the weights are bit-identical."""
+    run_dir = runs / "mid"
+    _train(run_dir, synthetic_mnist, 2, "fsdp", 2, "--resume",
+           str(runs / "first" / "checkpoints" / "step-00000002"))
+    whole, resumed = _weights(runs / "whole"), _weights(run_dir)
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist):
+    run_dir = runs / "as-pp"
+    _train(run_dir, synthetic_mnist, 2, "pp", 2, "--resume", str(runs / "first"))
+    assert _max_relative(_weights(run_dir), _weights(runs / "whole")) < 1e-5
+
+
+def test_plain_single_process_model_loads_a_sharded_checkpoint(runs):
+    """For inference: no process group, no strategy; the 2-rank FSDP shards fill a plain
+    model, which equals the weights the run exported at its end."""
+    from ddl.checkpoint import latest, load_model_weights
+    from ddl_mnist.plugin import PRESETS
+    from ddl_mnist.workload import MnistWorkload
+
+    model = MnistWorkload(PRESETS["tiny"]).build_model()
+    load_model_weights(latest(runs / "first"), model)
+    exported = _weights(runs / "first")
+    assert all(torch.equal(model.state_dict()[k], exported[k]) for k in exported)
+
+
+def test_resume_auto_continues_an_interrupted_run_dir(runs, synthetic_mnist, tmp_path):
+    """What a requeued job does: the same command with --resume auto on the same run dir.
+    An interrupted run (checkpoint, no results) continues; a finished one is refused."""
+    import shutil
+
+    run_dir = runs / "auto"
+    shutil.copytree(runs / "first", run_dir)
+    (run_dir / "results.json").unlink()  # as if killed after its last checkpoint
+    (run_dir / "model.pt").unlink()
+    _train(run_dir, synthetic_mnist, 2, "fsdp", 2, "--resume", "auto")
+    whole = _weights(runs / "whole")
+    assert all(torch.equal(_weights(run_dir)[k], whole[k]) for k in whole)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2]
+
+    again = run_ddl(*COMMON, "--nproc", "2", "--strategy", "fsdp", "--epochs", "2",
+                    "--data-dir", str(synthetic_mnist), "--run-dir", str(run_dir),
+                    "--resume", "auto", cwd=tmp_path)
+    assert_one_line_error(again, "already finished")
+
+
+def test_resume_rejects_a_checkpoint_of_another_workload_in_one_line(runs, tmp_path):
+    from ddl_cifar import data as cifar_data
+
+    data = tmp_path / "cifar"
+    cifar_data.write_synthetic(data, train_size=64, test_size=32, seed=0)
+    proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--epochs", "1",
+                   "--batch-size", "8",
+                   "--data-dir", str(data), "--run-dir", str(tmp_path / "r"),
+                   "--resume", str(runs / "first"), cwd=tmp_path)
+    assert_one_line_error(proc, "--resume", "mnist")
