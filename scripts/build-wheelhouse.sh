@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# build-wheelhouse.sh [--torch] [--offline] DIR — the wheels a container build installs.
+#
+# Always: a fresh wheel of the core and of every plugin (pip wheel --no-deps), so the image
+# needs no checkout. Old ddl wheels in DIR are removed first; other wheels are kept, so a
+# second run only rebuilds ddl's own.
+#   --torch    also copy torch and torchvision at the pinned versions of requirements-dev.txt
+#              (--no-deps: their dependencies still come from the index). For the CPU image.
+#   --offline  also put every dependency in DIR (sdists built into wheels), so the image can
+#              be built with `ddl container build --offline` where the build host has no
+#              index. With --torch this includes torch's own dependencies (GBs for the CUDA
+#              build of torch).
+# pip takes the wheels from wherever its configuration points (PyPI, or local wheel stores).
+# The wheels must suit the image's Python: run with PYTHON=python3.X when it differs from
+# this checkout's venv (e.g. 3.12 in LUMI's PyTorch images).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+torch=0 offline=0 dir=""
+for arg in "$@"; do
+    case "$arg" in
+        --torch) torch=1 ;;
+        --offline) offline=1 ;;
+        -h|--help) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -*) echo "build-wheelhouse.sh: unknown option $arg; allowed: --torch, --offline" >&2; exit 2 ;;
+        *) [ -z "$dir" ] || { echo "build-wheelhouse.sh: one DIR only (got $dir and $arg)" >&2; exit 2; }
+           dir="$arg" ;;
+    esac
+done
+[ -n "$dir" ] || { echo "usage: build-wheelhouse.sh [--torch] [--offline] DIR" >&2; exit 2; }
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    [ -x "$ROOT/.venv/bin/python" ] && PYTHON="$ROOT/.venv/bin/python"
+fi
+pip=("$PYTHON" -m pip --disable-pip-version-check)
+# pip's configuration here may name local index paths that lack some projects; its
+# per-project "is ignored" warning is noise.
+exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+
+mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+rm -f "$dir"/ddl-*.whl "$dir"/ddl_*.whl
+packages=("$ROOT/packages/core" "$ROOT"/packages/plugins/*/)
+echo "build-wheelhouse: ddl wheels -> $dir" >&2
+# Built in place (not in an isolated copy), so the core wheel picks up ../../sites as
+# ddl/_sites (packages/core/pyproject.toml): the site profiles travel inside the image.
+"${pip[@]}" wheel --quiet --no-deps --wheel-dir "$dir" "${packages[@]}"
+
+pins=()
+if [ "$torch" = 1 ]; then
+    mapfile -t pins < <(grep -E '^(torch|torchvision)==' "$ROOT/requirements-dev.txt")
+    [ "${#pins[@]}" = 2 ] || { echo "build-wheelhouse: torch/torchvision pins not found in requirements-dev.txt" >&2; exit 1; }
+    echo "build-wheelhouse: ${pins[*]} -> $dir" >&2
+    "${pip[@]}" download --quiet --no-deps --dest "$dir" "${pins[@]}"
+fi
+
+if [ "$offline" = 1 ]; then
+    # What the images install (containers/*.def), with every dependency as a wheel.
+    wanted=("$dir"/ddl-*.whl "$dir"/ddl_*.whl torchrun-jsc accelerate "${pins[@]}")
+    echo "build-wheelhouse: all dependencies -> $dir (offline builds)" >&2
+    "${pip[@]}" wheel --quiet --wheel-dir "$dir" --find-links "$dir" "${wanted[@]}"
+fi
+ls "$dir" | sed 's/^/  /' >&2
