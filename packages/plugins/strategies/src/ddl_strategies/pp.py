@@ -21,8 +21,17 @@ and reports the idle fraction next to the theory.
 Options: ``schedule`` (gpipe, 1f1b, interleaved1f1b, looped_bfs, interleaved_zb),
 ``stages_per_rank`` (v; default 2 for the interleaved/looped schedules, 1 otherwise).
 ``--microbatches`` sets m (default: 2 x stages); it must divide the per-replica batch.
-Gradients are averaged over microbatches (``scale_grads``), so one pipeline step equals one
-single-process step on the same batch.
+Gradients are averaged over microbatches, so one pipeline step equals one single-process
+step on the same batch. ddl divides them itself, once per parameter, rather than letting the
+schedule scale each stage (``scale_grads``): a rank holding two stages that share a weight
+would divide that weight's gradient twice.
+
+Stages may pass several tensors: a stage returning a tuple hands its elements to the next
+stage as positional arguments, and a batch whose inputs are a dict (token ids, masks)
+enters the first stage as its values in order. A weight that several stages use (T5's
+embedding, tied to its output projection) lives as one copy per rank; the workload gives it
+the same name in each stage, and ddl sums its gradient over the ranks holding a copy before
+the optimizer step, as a single process would accumulate it over its uses.
 """
 
 from __future__ import annotations
@@ -110,14 +119,36 @@ class PipelineStrategy(Strategy):
         loss_fn = self.workload.loss
         if self.schedule_name in SINGLE:
             self.schedule = SINGLE[self.schedule_name](self.stages[0], self.microbatches,
-                                                       loss_fn=loss_fn)
+                                                       loss_fn=loss_fn, scale_grads=False)
         else:
             self.schedule = MULTI[self.schedule_name](self.stages, self.microbatches,
-                                                      loss_fn=loss_fn)
+                                                      loss_fn=loss_fn, scale_grads=False)
+        self.params = list(mine.parameters())  # each shared parameter once
+        self.shared = self._shared_across_ranks(mine, world)
         self.has_first = 0 in self.stage_ids
         self.has_last = self.n_stages - 1 in self.stage_ids
         self.last_rank = (self.n_stages - 1) % world.size
         return mine
+
+    @staticmethod
+    def _shared_across_ranks(mine: nn.ModuleList, world: World) -> list[tuple[nn.Parameter, Any]]:
+        """Parameters this rank holds that other ranks hold a copy of (found by name), each
+        with the process group of the ranks holding it. A collective."""
+        names: dict[int, tuple[nn.Parameter, set[str]]] = {}
+        for stage in mine:
+            for name, param in stage.named_parameters(remove_duplicate=False):
+                names.setdefault(id(param), (param, set()))[1].add(name)
+        everyone: list[Any] = [None] * world.size
+        dist.all_gather_object(everyone, [sorted(n) for _, n in names.values()])
+
+        def holders(aliases: set[str]) -> tuple[int, ...]:
+            return tuple(r for r in range(world.size) if any(aliases & set(n) for n in everyone[r]))
+
+        sets = sorted({h for ranks in everyone for n in ranks if len(h := holders(set(n))) > 1})
+        # every rank creates every group, in the same order (torch requires it)
+        groups = {ranks: dist.new_group(list(ranks)) for ranks in sets}
+        return [(param, groups[h]) for param, aliases in names.values()
+                if len(h := holders(aliases)) > 1]
 
     def _time_compute(self, stage: PipelineStage) -> None:
         """Count the time this rank spends computing (not waiting) inside the schedule."""
@@ -137,7 +168,9 @@ class PipelineStrategy(Strategy):
 
     # --- running it ------------------------------------------------------------------------
     def _run(self, run, inputs, targets, precision):
-        args = (inputs,) if self.has_first else ()
+        if isinstance(inputs, dict):
+            inputs = tuple(inputs.values())
+        args = (inputs if isinstance(inputs, tuple) else (inputs,)) if self.has_first else ()
         losses: list[torch.Tensor] = []
         kwargs = {"target": targets, "losses": losses} if self.has_last else {}
         with precision.autocast():
@@ -151,6 +184,13 @@ class PipelineStrategy(Strategy):
         start = time.perf_counter()
         output, losses = self._run(self.schedule.step, inputs, targets, precision)
         wall = time.perf_counter() - start
+        for param in self.params:  # the mean over microbatches, not their sum
+            if param.grad is not None:
+                param.grad.div_(self.microbatches)
+        for param, group in self.shared:
+            if param.grad is None:  # held but unused on this rank: contributes nothing
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad, group=group)
         optimizer.step()
         self.steps += 1
         if self.steps > 1:  # the first step builds buffers and shapes: not a steady state
@@ -167,6 +207,11 @@ class PipelineStrategy(Strategy):
         return output if self.has_last else None
 
     # --- results ---------------------------------------------------------------------------
+    def checkpoint_name(self, fqn: str) -> str:
+        # The wrapped model is a ModuleList of this rank's stages ("0.", "1." prefixes);
+        # each stage keeps the full model's names below that.
+        return fqn.split(".", 1)[1]
+
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # Stage modules keep the original child names, so the pieces merge into the full
         # model's state_dict.

@@ -41,7 +41,7 @@ def ddl_register_workloads():
             factory="ddl_xsum.workload:XsumWorkload",
             presets=PRESETS,
             default_preset="course",
-            # pipeline_splits not declared yet: T5 is no plain chain (see workload.py)
-            capabilities=frozenset({"fsdp_units", "tp_plan"}),
+            # pipeline stages are xsum's own: T5 is no plain chain (ddl_xsum.pipeline)
+            capabilities=frozenset({"fsdp_units", "tp_plan", "pipeline_splits"}),
         ),
     ]

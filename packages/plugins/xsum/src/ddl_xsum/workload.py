@@ -114,6 +114,7 @@ class XsumWorkload(Workload):
         self._data_dir: Path | None = None
         self._tokenizer = None
         self._vocab_size: int | None = None
+        self.trim_batches = True  # off under pipeline parallel (see pipeline_stages)
 
     # --- data -------------------------------------------------------------------------
     def check_data(self, data_dir: Path) -> None:
@@ -181,9 +182,11 @@ class XsumWorkload(Workload):
 
     def to_device(self, batch: dict[str, torch.Tensor], device: torch.device):
         # Trim the fixed-length padding to the longest sequence of this batch (exact, see
-        # the module docstring); padding is on the right.
-        n_src = int(batch["attention_mask"].sum(1).max())
-        n_tgt = max(1, int((batch["labels"] != -100).sum(1).max()))
+        # the module docstring; not under pipeline parallel); padding is on the right.
+        n_src, n_tgt = batch["input_ids"].shape[1], batch["labels"].shape[1]
+        if self.trim_batches:
+            n_src = int(batch["attention_mask"].sum(1).max())
+            n_tgt = max(1, int((batch["labels"] != -100).sum(1).max()))
         labels = batch["labels"][:, :n_tgt]
         inputs = {
             "input_ids": batch["input_ids"][:, :n_src],
@@ -304,32 +307,54 @@ class XsumWorkload(Workload):
                 module.inner_dim //= tp_degree
 
     def pipeline_splits(self, model: nn.Module) -> list[str]:
-        """Two stages: shared embedding + encoder | decoder + output projection.
+        """Every T5 block but the encoder's first may begin a stage (``ddl_xsum.pipeline``
+        explains what crosses each boundary)."""
+        from ddl_xsum.pipeline import split_names
 
-        Not a plain chain: every decoder layer cross-attends to the encoder's output, so
-        stage 2 needs the encoder states *and* the source attention mask, and the decoder
-        input ids come from the batch, not from stage 1. The tied embedding (shared by
-        encoder input, decoder input and lm_head) lives in both stages and its gradients
-        must be summed across them.
-        """
-        return ["decoder"]
+        return split_names(model)
+
+    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
+        """Stages of (nearly) equal numbers of blocks, encoder blocks first: 2 stages on the
+        tiny preset are embedding + encoder | decoder + output projection.
+
+        From here on batches keep the preset's full lengths instead of being trimmed:
+        pipeline stages exchange buffers whose shapes are fixed at the first step."""
+        from ddl_xsum.pipeline import build_stages
+
+        splits = self.pipeline_splits(model)
+        if not 1 <= n_stages <= len(splits) + 1:
+            from ddl.errors import UsageError
+            raise UsageError(f"{n_stages} pipeline stages need {n_stages - 1} split points; "
+                             f"this T5 has {len(splits)} (one per block after the first); "
+                             f"allowed: at most {len(splits) + 1} stages")
+        n_blocks = len(splits) + 1
+        self.trim_batches = False
+        return build_stages(model, [round(i * n_blocks / n_stages) for i in range(1, n_stages)])
 
     # --- ROUGE on the test split ----------------------------------------------------------
     def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
         """ROUGE-1/2/L F-measures (Lin 2004) of greedy summaries of the first
         ``rouge_samples`` test articles, with Google's ``rouge-score`` (Porter stemming).
 
-        A replicated model (single process, DDP) lets every rank summarise its own share;
-        the sums of F-measures are then all-reduced. A model whose parameters are
-        distributed (FSDP, tensor parallel) runs collectives inside every forward, so all
-        ranks must feed the same inputs for the same number of steps: there each rank
-        summarises all the samples itself (identical results, no reduction).
+        A replicated model (single process, DDP, or the whole model gathered from pipeline
+        stages) lets every rank summarise its own share; the sums of F-measures are then
+        all-reduced. A model whose parameters are distributed (FSDP, tensor parallel) runs
+        collectives inside every forward, so all ranks must feed the same inputs for the
+        same number of steps: there each rank summarises all the samples itself (identical
+        results, no reduction).
         """
         if not self.rouge:
             return {}
         import torch.distributed as dist
         from rouge_score import rouge_scorer
 
+        from ddl_xsum.pipeline import gather_model, is_pipeline
+
+        if is_pipeline(model):
+            # Pipeline parallel: this rank holds some stages only, and generation runs the
+            # decoder token by token. Each rank rebuilds the whole model (a collective; the
+            # gathered copy is replicated, so the samples are shared out below).
+            model = gather_model(model, world.device)
         generate = getattr(model, "generate", None) or getattr(getattr(model, "module", None),
                                                                "generate", None)
         if generate is None:

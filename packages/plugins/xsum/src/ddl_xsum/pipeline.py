@@ -1,0 +1,165 @@
+"""T5 cut into pipeline stages.
+
+An encoder-decoder is no chain of layers: every decoder block cross-attends to the
+encoder's output under the source attention mask, the decoder's input comes from the batch
+(the shifted summary), not from the encoder, and block 0 of each stack computes the
+relative position bias that all later blocks of that stack reuse. So a stage here is a
+contiguous run of blocks, counting the encoder's blocks and then the decoder's, and what
+crosses a stage boundary depends on where the boundary lies:
+
+- before the first stage: the batch, ``(input_ids, attention_mask, decoder_input_ids)``;
+- inside the encoder: ``(hidden, position_bias, attention_mask, target_embeds)``;
+- between encoder and decoder: ``(encoder_states, attention_mask, target_embeds)``;
+- inside the decoder: ``(encoder_states, attention_mask, hidden, position_bias)``;
+- after the last stage: the logits.
+
+The first stage embeds both the source and the summary tokens: torch's pipeline stages
+learn the shapes of their inputs by running a forward on uninitialised tensors of the right
+shape, and an embedding lookup in a later stage would then index with garbage. The
+position bias is passed on, not recomputed, because its table belongs to block 0 and the
+later blocks' gradients must reach it. The integer mask travels along without gradient;
+each stage rebuilds the attention masks from it with the same ``transformers`` helpers
+``T5Stack`` uses, and calls the blocks exactly as ``T5Stack.forward`` does, so the stages
+compose to the model's own forward.
+
+The shared embedding is used by the first stage (source and summary tokens) and, tied, as
+the last stage's output projection. Both register it as ``shared``: the pipeline strategy
+finds parameters held under one name on several ranks and sums their gradients across
+those ranks, which is what a single process does for a weight used in two places.
+
+Sub-modules keep the full model's names (``encoder.block.1...``, ``lm_head``), so the stages'
+state dicts merge into the model's state dict.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+BATCH = ("input_ids", "attention_mask", "decoder_input_ids")
+ENCODING = ("hidden", "position_bias", "attention_mask", "target_embeds")
+ENCODED = ("encoder_states", "attention_mask", "target_embeds")
+DECODING = ("encoder_states", "attention_mask", "hidden", "position_bias")
+
+
+def split_names(model: nn.Module) -> list[str]:
+    """Where a stage may begin: before any block but the encoder's first."""
+    blocks = [f"encoder.block.{i}" for i in range(len(model.encoder.block))]
+    blocks += [f"decoder.block.{i}" for i in range(len(model.decoder.block))]
+    return blocks[1:]
+
+
+class StackSlice(nn.Module):
+    """Blocks ``blocks`` of a ``T5Stack``, under the stack's own attribute names."""
+
+    def __init__(self, stack: nn.Module, blocks: range, *, embeds: bool, ends: bool) -> None:
+        super().__init__()
+        self.config = stack.config
+        if embeds:
+            self.embed_tokens = stack.embed_tokens
+        self.block = nn.ModuleDict({str(i): stack.block[i] for i in blocks})
+        if ends:
+            self.final_layer_norm = stack.final_layer_norm
+        self.dropout = stack.dropout
+        self.embeds, self.ends = embeds, ends
+
+
+class T5Stage(nn.Module):
+    """Blocks ``start`` to ``stop - 1`` of the encoder-then-decoder sequence of blocks."""
+
+    def __init__(self, model: nn.Module, start: int, stop: int) -> None:
+        super().__init__()
+        self.config = model.config
+        n_enc, n_dec = len(model.encoder.block), len(model.decoder.block)
+        self.start, self.stop, self.n_enc = start, stop, n_enc
+        self.first, self.last = start == 0, stop == n_enc + n_dec
+        if self.first or self.last:
+            self.shared = model.shared  # see the module docstring: one name on both ranks
+        self.encoder = (StackSlice(model.encoder, range(start, min(stop, n_enc)),
+                                   embeds=self.first, ends=stop >= n_enc)
+                        if start < n_enc else None)
+        decoder_blocks = range(max(start - n_enc, 0), max(stop - n_enc, 0))
+        self.decoder = (StackSlice(model.decoder, decoder_blocks, embeds=self.first,
+                                   ends=self.last)
+                        if self.first or decoder_blocks else None)
+        if self.last:
+            self.lm_head = model.lm_head
+            self.scale = model.config.d_model ** -0.5 if model.config.scale_decoder_outputs \
+                else None
+
+    def _boundary(self, block: int) -> tuple[str, ...]:
+        if block == 0:
+            return BATCH
+        if block < self.n_enc:
+            return ENCODING
+        return ENCODED if block == self.n_enc else DECODING
+
+    def forward(self, *carry: torch.Tensor):
+        from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+
+        x = dict(zip(self._boundary(self.start), carry, strict=True))
+        enc, dec = self.encoder, self.decoder
+        if self.first:
+            x["hidden"] = enc.dropout(enc.embed_tokens(x["input_ids"]))
+            x["position_bias"] = None  # block 0 computes it
+            x["target_embeds"] = dec.dropout(dec.embed_tokens(x["decoder_input_ids"]))
+        if enc is not None:
+            hidden, bias = x["hidden"], x["position_bias"]
+            mask = create_bidirectional_mask(config=enc.config, inputs_embeds=hidden,
+                                             attention_mask=x["attention_mask"])
+            for block in enc.block.values():
+                hidden, bias, _ = block(hidden, mask, bias, None, None, None,
+                                        past_key_values=None)
+            if enc.ends:
+                x["encoder_states"] = enc.dropout(enc.final_layer_norm(hidden))
+            else:
+                x["hidden"], x["position_bias"] = hidden, bias
+        if dec is not None and len(dec.block):
+            if self.start <= self.n_enc:  # holds decoder block 0
+                hidden, bias = x["target_embeds"], None
+            else:
+                hidden, bias = x["hidden"], x["position_bias"]
+            states = x["encoder_states"]
+            self_mask = create_causal_mask(config=dec.config, inputs_embeds=hidden,
+                                           attention_mask=None, past_key_values=None)
+            cross_mask = create_bidirectional_mask(config=dec.config, inputs_embeds=hidden,
+                                                   attention_mask=x["attention_mask"],
+                                                   encoder_hidden_states=states)
+            cross_bias = None  # zeros (no table in cross-attention), made by the first block
+            for block in dec.block.values():
+                hidden, bias, cross_bias = block(hidden, self_mask, bias, states, cross_mask,
+                                                 cross_bias, past_key_values=None)
+            if self.last:
+                out = dec.dropout(dec.final_layer_norm(hidden))
+                if self.scale is not None:
+                    out = out * self.scale
+                return self.lm_head(out)
+            x["hidden"], x["position_bias"] = hidden, bias
+        # contiguous: the position bias is a permuted view, and gloo sends dense buffers
+        return tuple(x[name].contiguous() for name in self._boundary(self.stop))
+
+
+def build_stages(model: nn.Module, cuts: list[int]) -> list[T5Stage]:
+    """Stages starting at block 0 and at each index in ``cuts`` (increasing)."""
+    n_blocks = len(model.encoder.block) + len(model.decoder.block)
+    bounds = [0, *cuts, n_blocks]
+    return [T5Stage(model, a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def gather_model(stages: nn.ModuleList, device: torch.device) -> nn.Module:
+    """The whole model, rebuilt on every rank from each rank's stages (a collective)."""
+    import torch.distributed as dist
+    from transformers import T5ForConditionalGeneration
+
+    mine = {k: v.detach().cpu() for stage in stages for k, v in stage.state_dict().items()}
+    pieces: list = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, mine)
+    with torch.random.fork_rng():  # building initialises weights: leave the RNG as it was
+        plain = T5ForConditionalGeneration(stages[0].config)
+    plain.load_state_dict({k: v for piece in pieces for k, v in piece.items()})
+    return plain.to(device).eval()
+
+
+def is_pipeline(model: nn.Module) -> bool:
+    return isinstance(model, nn.ModuleList) and len(model) > 0 and \
+        all(isinstance(m, T5Stage) for m in model)
