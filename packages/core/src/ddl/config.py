@@ -75,6 +75,9 @@ class RunConfig(BaseModel):
         "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")
+    rendezvous_timeout: float = Field(
+        300, ge=1, description="seconds all ranks have to meet at MASTER_ADDR:MASTER_PORT "
+        "before the run fails naming the address and how many ranks arrived")
 
     @model_validator(mode="after")
     def _one_batch_flag(self) -> RunConfig:

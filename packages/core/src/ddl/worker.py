@@ -54,7 +54,8 @@ def run(config, *, create_run_dir: bool) -> None:
     site = get_site(config.site, plugins)
     bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
                      os.environ.get(PER_NODE_ENV) == "1")
-    world = init_world(config.device, site.accelerator, site.backend)
+    world = init_world(config.device, site.accelerator, site.backend,
+                       rendezvous_timeout_s=config.rendezvous_timeout)
     try:
         if create_run_dir:
             _create_run_dir_on_rank0(config, world)
