@@ -132,12 +132,16 @@ def make_parser() -> argparse.ArgumentParser:
     submit.add_argument("--job-name", help="default: ddl-<plugin>-<strategy>")
     submit.add_argument("--output-dir", type=Path, default=Path("runs"),
                         help="job log and run directory go here (default: ./runs)")
-    submit.add_argument("--container", help="Apptainer/Singularity image to run ddl in")
+    submit.add_argument("--container", nargs="?", const="", metavar="IMAGE",
+                        help="run ddl in this Apptainer/Singularity image (alone: the site "
+                             "profile's container.image)")
     submit.add_argument("--ddl-command", help="ddl as the job should call it (default: this "
                                               "installation's ddl)")
     submit.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                         help="extra #SBATCH option, e.g. --sbatch=--qos=debug (repeatable)")
     submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+
+    _container_parser(sub)
 
     sub.add_parser("plugins", help="list installed workloads and strategies")
     sites = sub.add_parser("sites", help="list known site profiles; `sites show NAME` prints one")
@@ -147,6 +151,44 @@ def make_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--site", default="auto", help="default: auto")
     doctor.add_argument("--data-dir", type=Path, help="data directory to check")
     return parser
+
+
+def _container_parser(sub) -> None:
+    container = sub.add_parser("container", help="build an Apptainer image of ddl, or check "
+                                                  "a definition file first")
+    actions = container.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                       parser_class=_Parser)
+    build = actions.add_parser("build", help="apptainer (or singularity) build of "
+                                             "containers/<target>.def")
+    check = actions.add_parser("check", help="check a definition file before a long build")
+    for p in (build, check):
+        p.add_argument("--target", choices=["cpu", "cuda", "rocm"], default="cpu",
+                       help="which definition in containers/ (default: cpu)")
+        p.add_argument("--def", dest="definition", type=Path, metavar="PATH",
+                       help="a definition file instead of the target's")
+        p.add_argument("--base", help="base image: an existing local image or directory "
+                                      "(Bootstrap: localimage), or docker://REF, library://, "
+                                      "oras://, shub:// (default: the definition's)")
+        p.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"),
+                       help="ddl's wheels from scripts/build-wheelhouse.sh (default: "
+                            "./wheelhouse)")
+        p.add_argument("--offline", action="store_true",
+                       help="install only from the wheelhouse, never from a package index")
+        p.add_argument("--build-arg", dest="build_args", action="append", type=_key_value,
+                       default=[], metavar="KEY=VALUE",
+                       help="a build argument of the definition (repeatable)")
+    build.add_argument("--output", type=Path, help="image file (default: ./ddl-<target>.sif)")
+    build.add_argument("--runtime", choices=["apptainer", "singularity"],
+                       help="default: apptainer if on PATH, else singularity")
+    build.add_argument("--force", action="store_true", help="replace an existing image")
+    build.add_argument("--no-compress", action="store_true",
+                       help="uncompressed squashfs: much faster on few cores, larger image")
+    build.add_argument("--fakeroot", action="store_true",
+                       help="pass --fakeroot (unprivileged builds where the site requires it)")
+    build.add_argument("--no-check", action="store_true",
+                       help="skip ddl's check; the runtime's own parser still runs")
+    build.add_argument("--dry-run", action="store_true",
+                       help="check and print the build command, build nothing")
 
 
 SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
@@ -312,7 +354,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         strategy=config.strategy, output_dir=output_dir, account=ns.account,
         partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
         job_name=ns.job_name, run_dir=config.run_dir.resolve() if config.run_dir else None,
-        ddl_command=ns.ddl_command or _this_ddl(), container=ns.container,
+        ddl_command=ns.ddl_command or _this_ddl(), container=_image(ns.container, ns.dry_run),
         extra_sbatch=ns.sbatch)
     script = render(site, request)
     check_syntax(script)
@@ -336,6 +378,19 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     print(f"  log:     {output_dir / f'{job_name}-{job_id}.out'}")
     print(f"  results: {Path(run_dir) / 'results.json'}")
     return 0
+
+
+def _image(given: str | None, dry_run: bool) -> str | None:
+    """An image on this machine goes into the script as an absolute path (the job may
+    start elsewhere); one that is not here is refused unless only printing."""
+    if not given or "://" in given:
+        return given
+    if Path(given).exists():
+        return str(Path(given).resolve())
+    if not dry_run:
+        raise UsageError(f"--container: {given} does not exist; give the path of a built "
+                         "image (`ddl container build`)")
+    return given
 
 
 def _this_ddl() -> str:
@@ -402,6 +457,37 @@ def cmd_sites(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_container(ns: argparse.Namespace) -> int:
+    import shlex
+
+    from ddl import container
+
+    definition = ns.definition or container.definition_for(ns.target)
+    request = container.BuildRequest(
+        definition=definition, wheelhouse=ns.wheelhouse, base=ns.base, offline=ns.offline,
+        build_args=dict(ns.build_args),
+        output=getattr(ns, "output", None) or Path(f"ddl-{ns.target}.sif"))
+    if ns.action == "check":
+        container.validate(request)
+        print(f"ddl: {definition} is fine")
+        return 0
+    request.force, request.no_compress, request.fakeroot = ns.force, ns.no_compress, ns.fakeroot
+    try:
+        runtime = container.find_runtime(ns.runtime)
+    except DdlError:
+        if not ns.dry_run:
+            raise
+        runtime = ns.runtime or "apptainer"  # printing the command needs no runtime
+    command = container.prepare(request, runtime, check=not ns.no_check)
+    if ns.dry_run:
+        print(shlex.join(command))
+        return 0
+    container.run_build(command)
+    print(f"ddl: built {request.output}; try `{Path(runtime).name} run {request.output} "
+          f"--help` and `{Path(runtime).name} test {request.output}`")
+    return 0
+
+
 def cmd_doctor(ns: argparse.Namespace) -> int:
     from ddl.doctor import run_checks
 
@@ -409,6 +495,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "prepare": cmd_prepare, "submit": cmd_submit,
+            "container": cmd_container,
             "plugins": cmd_plugins, "sites": cmd_sites, "doctor": cmd_doctor}
 
 

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddl import __version__
+from ddl import __version__, container_launch
 from ddl.errors import DdlError, UsageError
 from ddl.rendezvous import shell_lines
 from ddl.sites import SiteProfile
@@ -45,7 +45,7 @@ class SubmitRequest:
     job_name: str | None = None
     run_dir: Path | None = None
     ddl_command: str = "ddl"
-    container: str | None = None
+    container: str | None = None  # an image; "" = the site's default image
     extra_sbatch: list[str] = field(default_factory=list)
 
 
@@ -132,10 +132,8 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={site.cpu_binding.srun}"]
     if per_node_launcher and site.cpu_binding.srun != "none":
         srun[-1] = "--cpu-bind=none"  # workers bind themselves (worker_cores)
-    if req.container:
-        gpu_flag = {"cuda": ["--nv"], "rocm": ["--rocm"]}.get(site.accelerator, [])
-        binds = [f"--bind={shlex.quote(b)}" for b in site.container.binds]
-        entry = [site.container.runtime, "run", *gpu_flag, *binds, shlex.quote(req.container)]
+    if req.container is not None:  # "" = the site's default image
+        entry = container_launch.entry(site, container_launch.image_for(site, req.container))
     else:
         entry = [shlex.quote(req.ddl_command)]
     train = ["train", f"--site={shlex.quote(site.name)}", f"--launcher={req.launcher}",
