@@ -52,7 +52,8 @@ def test_jsc_runs_apptainer_with_nv(capsys, site):
                             *RUN))
     # one torchrun_jsc per node under srun --cpu_bind=none [JSC course], inside Apptainer
     # (JSC's container runtime) with NVIDIA's driver libraries (--nv)
-    assert launch[0] == f"srun --ntasks-per-node=1 --cpu-bind=none apptainer run --nv {JSC_IMAGE} \\"
+    assert launch[0] == ("srun --ntasks-per-node=1 --cpu-bind=none apptainer run --nv "
+                         f"{JSC_IMAGE} \\")
     assert launch[1].lstrip().startswith("train --site=" + site + " --launcher=torchrun_jsc "
                                          "--nproc=4 ")
 
