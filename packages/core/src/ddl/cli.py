@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl import __version__
-from ddl.errors import DdlError, UsageError
+from ddl.errors import DdlError, UsageError, as_one_line
 
 DESCRIPTION = """\
 ddl trains deep-learning models on many processes, GPUs and nodes with the same command
@@ -329,6 +329,8 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     site = get_site(config.site, plugins)
     if ns.nodes < 1:
         raise UsageError(f"--nodes: must be at least 1 (got {ns.nodes})")
+    if ns.gpus_per_node is not None and ns.gpus_per_node < 0:
+        raise UsageError(f"--gpus-per-node: must be 0 or more (got {ns.gpus_per_node})")
     launcher = config.launcher if config.launcher not in ("auto", "local") else site.launcher
     if launcher == "local":
         raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
@@ -357,7 +359,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         ddl_command=ns.ddl_command or _this_ddl(), container=_image(ns.container, ns.dry_run),
         extra_sbatch=ns.sbatch)
     script = render(site, request)
-    check_syntax(script)
+    check_syntax(script, site)
     if ns.dry_run:
         print(script, end="")
         return 0
@@ -508,10 +510,21 @@ def _is_secondary_task() -> bool:
     return rank not in (None, "0")
 
 
+def _check_decodable(args: list[str]) -> None:
+    """Bytes that are not UTF-8 reach argv as lone surrogates (PEP 383); they could be
+    neither printed nor written into a script, so they stop here."""
+    for arg in args:
+        if any("\udc80" <= ch <= "\udcff" for ch in arg):
+            raw = arg.encode("utf-8", "surrogateescape")
+            raise UsageError(f"argument {raw!r} is not valid UTF-8; ddl takes UTF-8 text "
+                             "(file names included)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = sys.argv[1:] if argv is None else argv
     try:
+        _check_decodable(args)
         ns = parser.parse_args(args or ["--help"])
         if ns.command is None:
             parser.print_help()
@@ -519,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[ns.command](ns)
     except DdlError as exc:
         if not (isinstance(exc, UsageError) and _is_secondary_task()):
-            print(f"ddl: error: {exc}", file=sys.stderr)
+            print(f"ddl: error: {as_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("ddl: interrupted", file=sys.stderr)

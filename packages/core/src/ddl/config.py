@@ -76,8 +76,9 @@ class RunConfig(BaseModel):
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")
     rendezvous_timeout: float = Field(
-        300, ge=1, description="seconds all ranks have to meet at MASTER_ADDR:MASTER_PORT "
-        "before the run fails naming the address and how many ranks arrived")
+        300, ge=1, le=86400, description="seconds all ranks have to meet at "
+        "MASTER_ADDR:MASTER_PORT before the run fails naming the address and how many ranks "
+        "arrived")
 
     @model_validator(mode="after")
     def _one_batch_flag(self) -> RunConfig:
@@ -95,10 +96,10 @@ class Built:
 
 def load_config_file(path: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8 by definition
     except FileNotFoundError:
         raise UsageError(f"--config: file {str(path)!r} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"--config: {path} is not a readable TOML file: {exc}") from None
     unknown = sorted(set(data) - set(RunConfig.model_fields))
     if unknown:

@@ -24,3 +24,13 @@ class DataError(UsageError):
 
 class DataMissing(DataError):
     """The data set is absent (as opposed to present but corrupt)."""
+
+
+def as_one_line(message: str) -> str:
+    """The message with every non-printable character escaped as Python would write it.
+
+    User values end up in messages (paths, names, TOML keys); a newline, carriage return or
+    terminal escape in one of them must not split the line or rewrite the terminal, and an
+    undecodable byte from argv (a lone surrogate) must not fail the printing itself.
+    """
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in message)

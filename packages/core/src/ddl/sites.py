@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -25,6 +25,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SITE_PATH_ENV = "DDL_SITE_PATH"
+
+# Profile values end up in rendered batch scripts; these keep each where it is written.
+SBATCH_WORD = r"^[A-Za-z0-9._:/+@%=,-]+$"  # an #SBATCH line cannot be quoted (see ddl.submit)
+ONE_LINE = r"^[^\x00-\x1f\x7f]*$"  # no newline may end a script comment early
+SHELL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+IN_DOUBLE_QUOTES = r'^[^"\\`\x00-\x1f\x7f]*$'  # `export K="V"`: $VARS expand, nothing ends it
 
 
 class _Strict(BaseModel):
@@ -75,10 +81,13 @@ class Rendezvous(_Strict):
 class Slurm(_Strict):
     gpu_request: Literal["gres", "gpus-per-node", "none"] = Field(
         "gres", description="'gres': --gres=gpu:N; 'gpus-per-node': --gpus-per-node=N")
-    mem: str | None = Field(None, description="--mem for torchrun-style jobs (whole node)")
-    mem_per_gpu: str | None = Field(None, description="--mem-per-gpu for srun-style jobs")
+    mem: str | None = Field(None, pattern=SBATCH_WORD,
+                            description="--mem for torchrun-style jobs (whole node)")
+    mem_per_gpu: str | None = Field(None, pattern=SBATCH_WORD,
+                                    description="--mem-per-gpu for srun-style jobs")
     exclusive: bool = False
-    extra: list[str] = Field(default_factory=list, description="more #SBATCH options")
+    extra: list[Annotated[str, Field(pattern=SBATCH_WORD)]] = Field(
+        default_factory=list, description="more #SBATCH options")
 
 
 class CpuBinding(_Strict):
@@ -111,8 +120,8 @@ class SiteDefaults(_Strict):
 
 
 class SiteProfile(_Strict):
-    name: str
-    description: str
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = Field(pattern=ONE_LINE)
     detect: Detect = Detect()
     accelerator: Literal["cpu", "cuda", "rocm"]
     device_peak_flops: float | None = Field(
@@ -128,8 +137,10 @@ class SiteProfile(_Strict):
     rendezvous: Rendezvous = Rendezvous()
     slurm: Slurm = Slurm()
     cpu_binding: CpuBinding = CpuBinding()
-    env: dict[str, str] = Field(default_factory=dict, description="exported in every job; "
-                                "values may use ${SLURM_...} variables of the job")
+    env: dict[Annotated[str, Field(pattern=SHELL_NAME)],
+              Annotated[str, Field(pattern=IN_DOUBLE_QUOTES)]] = Field(
+        default_factory=dict, description="exported in every job; values may use "
+        "${SLURM_...} variables of the job")
     setup: list[str] = Field(default_factory=list, description="shell lines run before the "
                              "launch in a job (module loads, venv activation)")
     container: Container = Container()
@@ -188,8 +199,8 @@ def _profile_files(plugins=None) -> dict[str, Path]:
 
 def load_profile(path: Path) -> SiteProfile:
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8 by definition
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{path}: not a readable TOML file: {exc}") from None
     try:
         profile = SiteProfile.model_validate({**data, "source": str(path)})

@@ -115,7 +115,7 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     lines.append("# Environment")
     lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"  '
                  "# srun no longer inherits --cpus-per-task (Slurm >= 22.05)")
-    lines += [f'export {k}="{v}"' for k, v in site.env.items()]
+    lines += env_lines(site)
     if site.offline:
         lines.append("# Compute nodes are offline: never try the model/data hubs")
         lines += [f"export {name}=1" for name in HF_OFFLINE]
@@ -159,10 +159,28 @@ def _launch_note(launcher: str) -> str:
     return "One process per GPU; ranks from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS"
 
 
-def check_syntax(script: str) -> None:
-    proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
-    if proc.returncode:
-        raise DdlError(f"internal error: rendered script fails `bash -n`: {proc.stderr.strip()}")
+def env_lines(site: SiteProfile) -> list[str]:
+    return [f'export {k}="{v}"' for k, v in site.env.items()]
+
+
+def _bash_n(text: str) -> str:
+    """bash's complaint about the syntax of ``text``; empty if there is none."""
+    proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    return proc.stderr.strip() if proc.returncode else ""
+
+
+def check_syntax(script: str, site: SiteProfile | None = None) -> None:
+    """The rendered script must parse. If it does not, and the site profile's own shell
+    (setup lines, environment) is what fails, that is the profile author's to fix."""
+    problem = _bash_n(script)
+    if not problem:
+        return
+    if site is not None:
+        own = _bash_n("\n".join([*site.setup, *env_lines(site)]))
+        if own:
+            raise UsageError(f"{site.source}: setup/env: not valid bash: "
+                             f"{own.splitlines()[0]}")
+    raise DdlError(f"internal error: rendered script fails `bash -n`: {problem}")
 
 
 def sbatch(script_path: Path) -> str:
