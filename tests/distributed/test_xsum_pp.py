@@ -53,8 +53,9 @@ def single(tmp_path_factory, xsum_data):
 
 @pytest.mark.parametrize("cuts", [[2], [1], [3], [1, 2, 3]])
 def test_stages_compose_to_the_model(cuts):
-    """Run one after another, the stages give the model's logits and gradients exactly, and
-    their state dicts together are the model's."""
+    """Run one after another, the stages give the model's logits exactly and its gradients
+    up to rounding (a stack's position table, used by two stages, accumulates two sums in
+    another order), and their state dicts together are the model's."""
     from transformers import T5ForConditionalGeneration
 
     from ddl_xsum import data
@@ -81,7 +82,9 @@ def test_stages_compose_to_the_model(cuts):
     torch.testing.assert_close(carry, expected, rtol=0, atol=0)
     carry.square().mean().backward()
     for name, param in model.named_parameters():
-        torch.testing.assert_close(param.grad, grads[name], rtol=0, atol=0, msg=name)
+        scale = float(grads[name].abs().max())
+        torch.testing.assert_close(param.grad, grads[name], rtol=1e-6, atol=1e-6 * scale,
+                                   msg=name)
     assert set().union(*(s.state_dict() for s in stages)) == set(model.state_dict())
     # the tied embedding is "shared" in exactly the first and the last stage
     assert [hasattr(s, "shared") for s in stages] == [True] + [False] * (len(cuts) - 1) + [True]
@@ -118,13 +121,17 @@ def test_matches_one_process(tmp_path, xsum_data, single, nproc, extra, stages):
     for metric, value in ref_results["final"]["test"].items():
         assert results["final"]["test"][metric] == pytest.approx(value, rel=1e-3, abs=1e-4)
 
-    # each rank holds its stages; only the tied embedding (parameter, gradient, two Adam
-    # moments and a step count) is held twice
+    # each rank holds its stages; held twice (parameter, gradient, two Adam moments and a
+    # step count) are only the tied embedding and, when a stack spans two stages, its
+    # position table
     full = ref_results["memory_per_rank"][0]["model_state_bytes"]
     per_rank = [m["model_state_bytes"] for m in results["memory_per_rank"]]
-    embedding = weights["shared.weight"].numel() * 4
+    twice = ["shared.weight"]
+    if stages == 4:
+        twice += [f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+                  for stack in ("encoder", "decoder")]
     assert max(per_rank) < full
-    assert sum(per_rank) == full + 4 * embedding + 4
+    assert sum(per_rank) == full + sum(4 * weights[name].numel() * 4 + 4 for name in twice)
 
 
 def test_more_stages_than_blocks_is_refused(tmp_path, xsum_data):

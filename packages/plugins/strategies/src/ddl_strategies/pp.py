@@ -132,23 +132,29 @@ class PipelineStrategy(Strategy):
 
     @staticmethod
     def _shared_across_ranks(mine: nn.ModuleList, world: World) -> list[tuple[nn.Parameter, Any]]:
-        """Parameters this rank holds that other ranks hold a copy of (found by name), each
-        with the process group of the ranks holding it. A collective."""
-        names: dict[int, tuple[nn.Parameter, set[str]]] = {}
+        """Parameters this rank holds that other ranks hold a copy of (under a common name),
+        each with the process group of the ranks holding it, in an order all ranks agree
+        on (the all-reduces must match up). A collective."""
+        aliases: dict[int, tuple[nn.Parameter, set[str]]] = {}
         for stage in mine:
             for name, param in stage.named_parameters(remove_duplicate=False):
-                names.setdefault(id(param), (param, set()))[1].add(name)
+                aliases.setdefault(id(param), (param, set()))[1].add(name)
         everyone: list[Any] = [None] * world.size
-        dist.all_gather_object(everyone, [sorted(n) for _, n in names.values()])
+        dist.all_gather_object(everyone, [sorted(n) for _, n in aliases.values()])
 
-        def holders(aliases: set[str]) -> tuple[int, ...]:
-            return tuple(r for r in range(world.size) if any(aliases & set(n) for n in everyone[r]))
+        def key(names: set[str]) -> tuple[tuple[int, ...], str]:
+            """(ranks holding a copy, a name all copies have): the same on every holder."""
+            copies = {r: set(n) for r in range(world.size) for n in everyone[r] if names & set(n)}
+            common = set.intersection(*copies.values()) or set.union(*copies.values())
+            return tuple(copies), min(common)
 
-        sets = sorted({h for ranks in everyone for n in ranks if len(h := holders(set(n))) > 1})
+        keys = {key(set(n)) for ranks in everyone for n in ranks}
         # every rank creates every group, in the same order (torch requires it)
-        groups = {ranks: dist.new_group(list(ranks)) for ranks in sets}
-        return [(param, groups[h]) for param, aliases in names.values()
-                if len(h := holders(aliases)) > 1]
+        groups = {ranks: dist.new_group(list(ranks))
+                  for ranks in sorted({ranks for ranks, _ in keys if len(ranks) > 1})}
+        shared = [(key(names), param) for param, names in aliases.values()]
+        return [(param, groups[ranks]) for (ranks, _), param in sorted(shared, key=lambda t: t[0])
+                if len(ranks) > 1]
 
     def _time_compute(self, stage: PipelineStage) -> None:
         """Count the time this rank spends computing (not waiting) inside the schedule."""
