@@ -141,14 +141,21 @@ class PipelineStrategy(Strategy):
                 aliases.setdefault(id(param), (param, set()))[1].add(name)
         everyone: list[Any] = [None] * world.size
         dist.all_gather_object(everyone, [sorted(n) for _, n in aliases.values()])
+        by_name: dict[str, dict[int, frozenset[str]]] = {}  # name -> rank -> its copy's names
+        for rank, params in enumerate(everyone):
+            for names in params:
+                for name in names:
+                    by_name.setdefault(name, {})[rank] = frozenset(names)
 
-        def key(names: set[str]) -> tuple[tuple[int, ...], str]:
+        def key(names: set[str] | list[str]) -> tuple[tuple[int, ...], str]:
             """(ranks holding a copy, a name all copies have): the same on every holder."""
-            copies = {r: set(n) for r in range(world.size) for n in everyone[r] if names & set(n)}
-            common = set.intersection(*copies.values()) or set.union(*copies.values())
-            return tuple(copies), min(common)
+            copies: dict[int, frozenset[str]] = {}
+            for name in names:
+                copies.update(by_name[name])
+            common = frozenset.intersection(*copies.values()) or frozenset.union(*copies.values())
+            return tuple(sorted(copies)), min(common)
 
-        keys = {key(set(n)) for ranks in everyone for n in ranks}
+        keys = {key(names) for params in everyone for names in params}
         # every rank creates every group, in the same order (torch requires it)
         groups = {ranks: dist.new_group(list(ranks))
                   for ranks in sorted({ranks for ranks, _ in keys if len(ranks) > 1})}
