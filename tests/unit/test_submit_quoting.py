@@ -31,7 +31,7 @@ SETTINGS = settings(max_examples=40, deadline=None,
 @example(data_dir="a\rb $(touch PWNED)", preset="x'\n`touch PWNED`")
 def test_run_values_arrive_literally(capsys, tmp_path, data_dir, preset):
     script = render(capsys, "--site", "lumi-g", "--nodes", "2", "--plugin", "mnist",
-                    "--data-dir", data_dir, "--preset", preset)
+                    f"--data-dir={data_dir}", f"--preset={preset}")  # "=": values may start with "-"
     check_syntax(script)
     proc, args = run_script(script, tmp_path, nodes=["nid1", "nid2"], hosts={"nid1": "10.0.0.1"})
     assert proc.returncode == 0, proc.stderr

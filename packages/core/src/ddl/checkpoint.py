@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 DIR = "checkpoints"
 LATEST = "latest"
 TRAINER = "trainer.json"
+#: For the crash tests only: every rank SIGKILLs itself inside the save of this step, after its
+#: shards are written and before the checkpoint is made visible.
+FAULT_KILL_ENV = "DDL_TEST_KILL_DURING_CHECKPOINT"
 _STEP = re.compile(r"^step-(\d{8})$")
 
 
@@ -205,6 +209,8 @@ def save(run_dir: Path, world: World, strategy, model, optimizer, trainer: Train
     _write_synced(partial / f"rng-{world.rank:05d}.pt", buffer)
     if world.is_main:
         _write_synced(partial / TRAINER, json.dumps(asdict(trainer), indent=2).encode())
+    if os.environ.get(FAULT_KILL_ENV) == str(trainer.step):
+        os.kill(os.getpid(), signal.SIGKILL)  # tests: die mid-write, as a node failure would
     dist.barrier()  # every rank's files are on disk before the checkpoint becomes visible
 
     if world.is_main:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl import __version__
-from ddl.errors import DdlError, UsageError, as_one_line
+from ddl.errors import EXIT_STOPPED, DdlError, UsageError, as_one_line
 
 DESCRIPTION = """\
 ddl trains deep-learning models on many processes, GPUs and nodes with the same command
@@ -86,6 +86,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                    help="optimizer steps between checkpoints (default: every epoch's end)")
     p.add_argument("--keep-checkpoints", type=int, default=S, metavar="K",
                    help="newest checkpoints kept (default: 2; 0 = none)")
+    p.add_argument("--max-restarts", type=int, default=S, metavar="N",
+                   help="restart failed workers up to N times, resuming from the newest "
+                        "checkpoint (local and torchrun launchers; default: 0)")
     p.add_argument("--resume", default=S, metavar="auto|none|PATH",
                    help="auto: continue the run dir's newest checkpoint if any; PATH: start "
                         "from a checkpoint or run directory (any world size/strategy)")
@@ -230,7 +233,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
                                            "data_dir": Path(config.data_dir).resolve()})
         rundir.write_json(run_dir / rundir.CONFIG, config.model_dump(mode="json"))
         from ddl.launch import launch_local
-        return launch_local(run_dir, nproc)
+        code = launch_local(run_dir, nproc, config.max_restarts)
+        if code == 0 and not (run_dir / rundir.RESULTS).exists():
+            return EXIT_STOPPED  # stopped on request after a checkpoint; it said so
+        return code
 
     # Inside a Slurm job (or under a launcher started by hand): every task sees the same
     # flags, so every task checks them and all stop alike on a mistake.
@@ -254,7 +260,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     nproc = config.nproc or 1
     _preflight(config, plugins, nproc * nnodes, False)
-    command = node_launcher_command(launcher, site, nproc)
+    command = node_launcher_command(launcher, site, nproc, max_restarts=config.max_restarts)
     exec_node_launcher(command, {worker.CONFIG_ENV: config.model_dump_json(),
                                  worker.PER_NODE_ENV: "1"})
     return 0  # not reached: exec replaced this process

@@ -73,6 +73,9 @@ class RunConfig(BaseModel):
     resume: str = Field(
         "none", min_length=1, description="'auto': continue from this run dir's newest "
         "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")
+    max_restarts: int = Field(
+        0, ge=0, description="times the launcher restarts failed workers (local and "
+        "torchrun launchers); restarted workers resume from the newest checkpoint")
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")
     rendezvous_timeout: float = Field(

@@ -104,6 +104,14 @@ def join_store(rank: int, size: int, timeout_s: float):
                        f"and do all ranks get the same MASTER_ADDR/MASTER_PORT?")
     try:
         store = _open_store(host, int(port), size, hosts, max(deadline - time.monotonic(), 1))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is not None:
+            # The agent's store outlives restarted workers: like torch's env:// rendezvous,
+            # give each attempt its own key space, or a restarted rank would read the dead
+            # workers' addresses (seen: "Gloo connectFullMesh failed ... Connection refused").
+            import torch.distributed as dist
+
+            store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
         arrived, verdict = _count_in(store, size, deadline)
         if arrived < size and hosts:
             _give_up(store, arrived)

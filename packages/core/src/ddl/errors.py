@@ -6,6 +6,11 @@ Messages name what was wrong and what is allowed, on a single line.
 """
 
 
+#: Exit code of a run that stopped cleanly on request (SIGUSR1 or a STOP file) after writing a
+#: checkpoint: not finished, resumable with ``--resume auto``.
+EXIT_STOPPED = 3
+
+
 class DdlError(Exception):
     """A failure ddl reports as one line; exit code 1."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from ddl.errors import DdlError
 
 
-def launch_local(run_dir: Path, nproc: int) -> int:
+def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     """Run the workers; return the exit code of the run (0, or the first failing rank's)."""
     if nproc == 1:
         from ddl.worker import main as worker_main
@@ -35,7 +35,8 @@ def launch_local(run_dir: Path, nproc: int) -> int:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.1,
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
+                          monitor_interval=0.1,
                           start_method="spawn")
     try:
         elastic_launch(config, sys.executable)("-m", "ddl.worker", str(run_dir))

@@ -59,7 +59,8 @@ def srun_worker_env(site: SiteProfile, env: Mapping[str, str] = os.environ) -> d
 
 
 def node_launcher_command(launcher: str, site: SiteProfile, nproc_per_node: int,
-                          env: Mapping[str, str] = os.environ) -> list[str]:
+                          env: Mapping[str, str] = os.environ, max_restarts: int = 0
+                          ) -> list[str]:
     """The torchrun (or torchrun_jsc) command this node's task execs."""
     if not in_slurm_step(env):
         raise UsageError(f"--launcher {launcher}: run it as an srun task (one per node) "
@@ -79,7 +80,7 @@ def node_launcher_command(launcher: str, site: SiteProfile, nproc_per_node: int,
     command = [sys.executable, "-m", module, f"--nnodes={nnodes}",
                f"--nproc_per_node={nproc_per_node}", "--rdzv_backend=c10d",
                f"--rdzv_endpoint={host}:{port}",
-               f"--rdzv_id={env.get('SLURM_JOB_ID', 'ddl')}", "--max_restarts=0"]
+               f"--rdzv_id={env.get('SLURM_JOB_ID', 'ddl')}", f"--max_restarts={max_restarts}"]
     if launcher == "torchrun":
         # What torchrun_jsc does for us: say which node hosts the store, and on that node
         # bind it to the rendezvous address rather than the hostname (pytorch#73656).

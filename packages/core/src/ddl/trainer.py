@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ddl import checkpoint, rundir
+from ddl.control import StepGuard
 from ddl.config import RunConfig, resolve_batch, scaled_lr
 from ddl.data import eval_loader, train_loader
 from ddl.distributed import World, seed_all
@@ -188,6 +189,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
                                          if resumed else (0, 1, 0))
     epochs = _earlier_epochs(resumed_from, world, run_dir, first_epoch)
 
+    guard = StepGuard(world, run_dir)
+
     def save_checkpoint(epoch: int, position: int) -> None:
         if config.keep_checkpoints == 0:
             return
@@ -226,9 +229,20 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
             if world.is_main and (i + 1) % config.log_every == 0:
                 print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
                       f"loss {loss.item():.4f} (rank 0)", flush=True)
+            saved = False
             if (config.checkpoint_every and step % config.checkpoint_every == 0
                     and i + 1 < layout.steps_per_epoch):
                 save_checkpoint(epoch, i + 1)
+                saved = True
+            stop = guard.after_step(loss, step, epoch, i + 1, lambda: checkpoint.latest(run_dir))
+            if stop:
+                if not saved:
+                    save_checkpoint(*((epoch, i + 1) if i + 1 < layout.steps_per_epoch
+                                      else (epoch + 1, 0)))
+                say(world, f"ddl: stopped after step {step} ({stop}); checkpoint "
+                           f"{checkpoint.latest(run_dir)}; the same command with --resume "
+                           "auto continues")
+                return {}
         _sync(world.device)
         seconds = time.perf_counter() - t0
         train_metrics = sums.reduce(world)
@@ -269,7 +283,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         "resumed_from": ({"checkpoint": str(resumed_from),
                           "step": resumed.step, "saved_by_world_size": resumed.world_size}
                          if resumed else None)}
-    results["slurm_restart_count"] = int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    results["restarts"] = {"slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+                           "worker_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
     results["strategy_report"] = strategy_report
     results["versions"]["plugins"] = {
         role: plugins.version_of(spec.plugin) or spec.plugin

@@ -50,6 +50,12 @@ def run(config, *, create_run_dir: bool) -> None:
     from ddl.slurm import bind_worker_cpus
     from ddl.trainer import train
 
+    restarts = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                   int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+    if restarts and config.resume == "none":
+        # Restarted by the launcher or requeued by Slurm: continue from the newest
+        # checkpoint of this run instead of starting again (or refusing the run dir).
+        config = config.model_copy(update={"resume": "auto"})
     plugins = Plugins()
     site = get_site(config.site, plugins)
     bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
@@ -85,6 +91,16 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _lost_peer(exc: Exception) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in ("Connection reset by peer",
+                                             "Connection closed by peer", "Broken pipe"))
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     rank = int(os.environ.get("RANK", 0))
@@ -95,7 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:  # the same on every rank; say it once
             print(f"ddl: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except RuntimeError as exc:
+        if not _lost_peer(exc):
+            raise
+        # Another rank died (its own message, if any, says why); no need for a traceback.
+        print(f"ddl: error on rank {rank}: lost contact with another rank "
+              f"({_first_line(exc)})", file=sys.stderr, flush=True)
+        return 1
     except DdlError as exc:
+        if getattr(exc, "once", False):  # every rank knows it; rank 0 says it
+            if rank == 0:
+                print(f"ddl: error: {exc}", file=sys.stderr, flush=True)
+            return exc.exit_code
         print(f"ddl: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     return 0

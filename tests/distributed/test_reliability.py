@@ -1,0 +1,185 @@
+"""Crashes and stops through the real CLI: SIGKILL of every rank, a kill during a checkpoint
+write, a killed worker under --max-restarts, a requested stop, a diverging loss.
+
+Each interrupted run is continued with ``--resume auto`` (what a requeued job does) and must
+end with parameters bit-identical to an uninterrupted run: same world, same arithmetic.
+Processes are killed for real (SIGKILL); the tests wait for a checkpoint to appear on disk
+before killing, so the kill lands mid-run whatever the machine's speed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DDL, run_ddl
+
+pytestmark = pytest.mark.distributed
+
+ARGS = ["train", "--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "64",
+        "--epochs", "2", "--steps-per-epoch", "12", "--checkpoint-every", "4", "--seed", "7",
+        "--nproc", "2"]
+
+
+def _args(data, run_dir, strategy, *extra):
+    return [*ARGS, "--strategy", strategy, "--data-dir", str(data), "--run-dir", str(run_dir),
+            *extra]
+
+
+def _weights(run_dir):
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def _identical(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _descendants(pid):
+    """Every process below ``pid`` (the launcher's agent spawns the workers)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _wait_for(condition, proc, what, limit=300):
+    """Poll a condition on disk while the run goes on (bounded; fails if the run ends)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"no {what} within {limit} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def start():
+    """Start `ddl ...` in the background; whatever is left of it is killed after the test."""
+    started = []
+
+    def _start(args, cwd):
+        proc = subprocess.Popen([DDL, *args], cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield _start
+    for proc in started:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate()
+
+
+def _first_checkpoint(run_dir):
+    return lambda: (run_dir / "checkpoints" / "latest").is_file()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, synthetic_mnist):
+    root = tmp_path_factory.mktemp("whole")
+    out = {}
+    for strategy in ("ddp", "fsdp"):
+        proc = run_ddl(*_args(synthetic_mnist, root / strategy, strategy), cwd=root)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out[strategy] = _weights(root / strategy)
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_sigkill_of_all_ranks_then_resume_is_bit_identical(tmp_path, synthetic_mnist,
+                                                           uninterrupted, strategy, start):
+    run_dir = tmp_path / "run"
+    args = _args(synthetic_mnist, run_dir, strategy)
+    proc = start(args, tmp_path)
+    _wait_for(_first_checkpoint(run_dir), proc, "a checkpoint")
+    for pid in [proc.pid, *_descendants(proc.pid)]:
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate()
+    assert not (run_dir / "results.json").exists(), "killed too late to test anything"
+
+    resumed = run_ddl(*args, "--resume", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed from" in resumed.stdout
+    assert _identical(_weights(run_dir), uninterrupted[strategy])
+
+
+def test_kill_during_checkpoint_write_keeps_the_previous_one(tmp_path, synthetic_mnist,
+                                                             uninterrupted):
+    run_dir = tmp_path / "run"
+    args = _args(synthetic_mnist, run_dir, "ddp")
+    crashed = run_ddl(*args, cwd=tmp_path, env={"DDL_TEST_KILL_DURING_CHECKPOINT": "8"})
+    assert crashed.returncode != 0
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / ".step-00000008.partial").is_dir()  # half-written, never made visible
+    assert not (ckpts / "step-00000008").exists()
+    assert (ckpts / "latest").read_text() == "step-00000004"
+
+    resumed = run_ddl(*args, "--resume", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "step-00000004 (step 4" in resumed.stdout
+    assert _identical(_weights(run_dir), uninterrupted["ddp"])
+    assert not (ckpts / ".step-00000008.partial").exists()  # cleared by the next save
+
+
+def test_killed_worker_is_restarted_and_resumes(tmp_path, synthetic_mnist, uninterrupted,
+                                               start):
+    run_dir = tmp_path / "run"
+    proc = start(_args(synthetic_mnist, run_dir, "ddp", "--max-restarts", "1"), tmp_path)
+    _wait_for(_first_checkpoint(run_dir), proc, "a checkpoint")
+    workers = [p for p in _descendants(proc.pid)
+               if b"ddl.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(workers) == 2, workers
+    os.kill(workers[-1], signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["restarts"]["worker_restarts"] == 1
+    assert results["checkpoints"]["resumed_from"] is not None
+    assert _identical(_weights(run_dir), uninterrupted["ddp"])
+
+
+def test_stop_file_stops_cleanly_after_a_checkpoint(tmp_path, synthetic_mnist, uninterrupted,
+                                                   start):
+    """What ddl's batch scripts do when Slurm signals the time limit: create RUN_DIR/STOP."""
+    run_dir = tmp_path / "run"
+    args = _args(synthetic_mnist, run_dir, "ddp")
+    proc = start(args, tmp_path)
+    _wait_for(_first_checkpoint(run_dir), proc, "a checkpoint")
+    (run_dir / "STOP").touch()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, out + err  # stopped, resumable
+    assert "stopped after step" in out and "--resume auto" in out
+    assert not (run_dir / "results.json").exists()
+    (run_dir / "STOP").unlink()
+
+    resumed = run_ddl(*args, "--resume", "auto", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _identical(_weights(run_dir), uninterrupted["ddp"])
+
+
+def test_non_finite_loss_stops_with_one_line(tmp_path, synthetic_mnist):
+    """A learning rate of 1e30 overflows the weights within two steps."""
+    run_dir = tmp_path / "run"
+    proc = run_ddl(*_args(synthetic_mnist, run_dir, "ddp", "--lr", "1e30"), cwd=tmp_path)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert "non-finite loss at step" in lines[0] and "rank(s) 0, 1" in lines[0]
+    assert "last good checkpoint" in lines[0]
