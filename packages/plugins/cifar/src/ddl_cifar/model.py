@@ -37,6 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Cross-replica BN (tiny-syncbn) and ghost BN (tiny-ghostbn) live in the core, shared with
+# the Imagewoof workload.
+from ddl.batchnorm import CrossReplicaBatchNorm2d, convert
+
 KERAS_BN_EPS = 1.001e-5
 EXPANSION = 4  # bottleneck: the block's output has 4x the filters of its 3x3 convolution
 
@@ -72,64 +76,6 @@ class Arch:
 
 RESNET50 = Arch(blocks=(3, 4, 6, 3))
 RESNET152 = Arch(blocks=(3, 8, 36, 3))
-
-
-class _SumOverRanks(torch.autograd.Function):
-    """All-reduce (sum) whose backward is again an all-reduce of the gradients: each rank's
-    statistics feed every rank's loss, so their gradient is the sum over ranks."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        tensor = tensor.clone()
-        dist.all_reduce(tensor)
-        return tensor
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
-
-
-class CrossReplicaBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm whose training statistics cover the whole global batch on all ranks.
-
-    Plain BatchNorm normalises each replica's share of the batch with that share's own mean
-    and variance, so N replicas of B/N samples do not compute what one process with B
-    samples does (this is also how the course's Keras MirroredStrategy behaves). This layer
-    sums the statistics over the default process group instead, as torch's SyncBatchNorm
-    does (which only runs on GPUs). It is meant for pure data parallelism (DDP, FSDP): every
-    rank of the default group must run the same BN layers in the same order. With one
-    process it computes the same thing with the same arithmetic, which is what makes 1-vs-N
-    runs agree to float rounding.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training:
-            return super().forward(x)
-        import torch.distributed as dist
-
-        synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-        def total(t: torch.Tensor) -> torch.Tensor:
-            return _SumOverRanks.apply(t) if synced else t
-
-        count = total(torch.tensor([x.numel() / x.shape[1]], dtype=x.dtype, device=x.device))
-        mean = total(x.sum(dim=(0, 2, 3))) / count
-        centred = x - mean[None, :, None, None]
-        var = total((centred * centred).sum(dim=(0, 2, 3))) / count  # two passes: no cancellation
-        with torch.no_grad():
-            self.num_batches_tracked += 1
-            m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-            self.running_mean.mul_(1 - m).add_(mean.detach(), alpha=m)
-            unbiased = var.detach() * (count / (count - 1).clamp(min=1))
-            self.running_var.mul_(1 - m).add_(unbiased, alpha=m)
-        scale = self.weight * torch.rsqrt(var + self.eps)
-        return centred * scale[None, :, None, None] + self.bias[None, :, None, None]
 
 
 def _bn(channels: int, momentum: float, sync: bool) -> nn.BatchNorm2d:
@@ -315,5 +261,8 @@ def train_flops_per_sample(arch: Arch, size: int) -> float:
 
 
 def build(options) -> ResNetV2:
-    return ResNetV2(Arch.from_options(options), bn_momentum=float(options.get("bn_momentum", 0.01)),
-                    sync_bn=bool(options.get("sync_bn", False)))
+    net = ResNetV2(Arch.from_options(options), bn_momentum=float(options.get("bn_momentum", 0.01)),
+                   sync_bn=bool(options.get("sync_bn", False)))
+    if options.get("bn_group"):  # statistics per fixed group of samples (pipeline equivalence)
+        net = convert(net, "ghost", int(options["bn_group"]))
+    return net

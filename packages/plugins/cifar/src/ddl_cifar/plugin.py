@@ -29,13 +29,21 @@ PRESETS = {
                  "train_samples": 4500, "eval_samples": 500},
     ),
 }
-# The same with BatchNorm statistics over the whole global batch (model.CrossReplicaBatchNorm2d):
-# then N data-parallel ranks compute what one process does, which the tests check. Plain BN
-# (every other preset, and the course's Keras) normalises each replica's share on its own.
+# The same with BatchNorm statistics over the whole global batch (ddl.batchnorm's
+# CrossReplicaBatchNorm2d): then N data-parallel ranks compute what one process does, which
+# the tests check. Plain BN (every other preset, and the course's Keras) normalises each
+# replica's share on its own.
 PRESETS["tiny-syncbn"] = Preset(
     name="tiny-syncbn", summary="tiny with BatchNorm synchronised over data-parallel ranks",
     epochs=PRESETS["tiny"].epochs, batch_size=PRESETS["tiny"].batch_size, lr=PRESETS["tiny"].lr,
     options={**PRESETS["tiny"].options, "sync_bn": True})
+# The same with BatchNorm statistics per fixed group of 8 samples (ddl.batchnorm's
+# GhostBatchNorm2d): a pipeline's microbatches of 8, 16, ... samples are then normalised as
+# in one process.
+PRESETS["tiny-ghostbn"] = Preset(
+    name="tiny-ghostbn", summary="tiny with BatchNorm over fixed groups of 8 samples (pipelines)",
+    epochs=PRESETS["tiny"].epochs, batch_size=PRESETS["tiny"].batch_size, lr=PRESETS["tiny"].lr,
+    options={**PRESETS["tiny"].options, "bn_group": 8})
 
 
 @hookimpl

@@ -23,6 +23,11 @@ What this workload does (and where it differs, see docs/workloads/imagewoof.md):
   with seed + r), so a 2-rank run sees other crops than a 1-rank run on the same samples:
   runs of different layouts match in data order, not in pixels. DataLoader workers derive
   their seeds from it (torch's default), so crops also depend on the number of workers.
+  The ``augment=False`` option (presets tiny-syncbn, tiny-ghostbn) trains on the eval
+  transform instead.
+* BatchNorm is per rank and per microbatch, as in fastai. The ``batchnorm`` option swaps in
+  a variant from :mod:`ddl.batchnorm` (``cross_replica``, or ``ghost`` with ``bn_group``)
+  so that runs of any layout compute what one process does (the equivalence tests).
 * Optimizer: fastai's default, Adam with decoupled weight decay (= AdamW, betas
   (0.9, 0.99), eps 1e-5, weight decay 0.01, none on BatchNorm and bias parameters), at a
   constant learning rate 1e-3 (the course uses ``fit_flat_cos``; see the docs for why the
@@ -39,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from ddl.errors import DataError, DataMissing
+from ddl.errors import DataError, DataMissing, UsageError
 from ddl.workload import Workload
 from ddl_imagewoof import data
 from ddl_imagewoof.model import XResNet, XResNetConfig, scaled_config, train_flops_per_sample
@@ -51,7 +56,8 @@ TOP_K = 5  # fastai's top_k_accuracy default
 
 
 def transforms(image_size: int, train: bool):
-    """PIL image in (ImageFolder's loader converts to RGB), normalised float tensor out."""
+    """PIL image in (ImageFolder's loader converts to RGB), normalised float tensor out.
+    ``train`` adds the random crop and flip."""
     from torchvision.transforms import v2
 
     geometry = ([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip(0.5)]
@@ -77,6 +83,9 @@ class ImagewoofWorkload(Workload):
             config = scaled_config(config, int(options.get("width_divisor", 1)),
                                    options.get("layers", config.layers))
         self.model_config = config
+        self.augment = bool(options.get("augment", True))
+        self.batchnorm = options.get("batchnorm", "plain")
+        self.bn_group = options.get("bn_group")
 
     # --- data -------------------------------------------------------------------------
     def check_data(self, data_dir: Path) -> None:
@@ -107,7 +116,7 @@ class ImagewoofWorkload(Workload):
                                 f"{list(data.WNIDS)}; {data.fix_hint(data_dir)}")
             return ds
 
-        train_folder = folder("train", train=True)
+        train_folder = folder("train", train=self.augment)
         held_out = copy.copy(train_folder)  # same file list, eval transform
         held_out.transform = transforms(self.image_size, train=False)
         test_folder = folder("val", train=False)
@@ -125,7 +134,9 @@ class ImagewoofWorkload(Workload):
 
     # --- model, loss, metrics -----------------------------------------------------------
     def build_model(self) -> nn.Module:
-        return XResNet(self.model_config)
+        from ddl.batchnorm import convert
+
+        return convert(XResNet(self.model_config), self.batchnorm, self.bn_group)
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, targets)
@@ -165,6 +176,13 @@ class ImagewoofWorkload(Workload):
     def pipeline_splits(self, model: nn.Module) -> list[str]:
         """Stage boundaries: stem + stage1 | stage2 | stage3 | stage4 + head."""
         return ["stage2", "stage3", "stage4"]
+
+    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
+        if self.batchnorm == "cross_replica":  # its all-reduces expect every rank's BN layers
+            raise UsageError("--preset: BatchNorm over all ranks (batchnorm=cross_replica) "
+                             "cannot run in a pipeline, where each rank holds other layers; "
+                             "use tiny-ghostbn or tiny")
+        return super().pipeline_stages(model, n_stages)
 
 
 def _unwrap(model: nn.Module) -> XResNet:

@@ -1,0 +1,298 @@
+"""Same seed, same global batch: every supported (workload, strategy) cell ends where one
+process ends, at 2 and at 4 ranks.
+
+The cells come from the plugins' own support data (what `ddl plugins` prints), so a newly
+declared cell without a check here fails :func:`test_every_supported_cell_is_checked`. A cell
+is checked by a run in this module (``RUNS``), by a named test elsewhere (``ELSEWHERE``, kept
+there because it checks more than equivalence), or is impossible with a reason that a test
+shows (``IMPOSSIBLE``). Pipeline cells are per schedule.
+
+Every run goes through the real CLI: N processes under torch's elastic launcher talking over
+gloo, 3 optimizer steps, compared with one single-process reference per workload setup
+(module-scoped, shared by all its cells). Gradients averaged over N replicas of B/N samples
+equal the gradient of one B-sample batch, so the weights agree to float rounding; the bar is
+1e-5 relative (fp32). What makes the ResNets comparable at all is BatchNorm that does not
+depend on how the batch is cut (ddl.batchnorm): `tiny-syncbn` for data parallelism,
+`tiny-ghostbn` (statistics per 8 samples = one microbatch) for pipelines. The lr of the
+ResNet runs is below the tiny preset's: at 0.1 (cifar, SGD) or 2e-3 (imagewoof, AdamW) the
+first steps are chaotic enough that reduction-order rounding grows to 1e-3 within 3 steps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_ddl
+
+pytestmark = pytest.mark.distributed
+
+STEPS = ["--epochs", "1", "--steps-per-epoch", "3", "--seed", "7"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a workload runs here; a reference and all runs of a setup share it."""
+
+    workload: str
+    preset: str
+    batch: int  # global
+    extra: tuple[str, ...] = ()
+    adam_tolerance: bool = False  # see _assert_same_weights
+
+    def args(self) -> list[str]:
+        return ["--plugin", self.workload, "--preset", self.preset,
+                "--global-batch-size", str(self.batch), *STEPS, *self.extra]
+
+
+SETUPS = {
+    "mnist": Setup("mnist", "tiny", 64),
+    "cifar": Setup("cifar", "tiny-syncbn", 32, ("--lr", "0.01")),
+    "cifar-pp": Setup("cifar", "tiny-ghostbn", 32, ("--lr", "0.01")),
+    "imagewoof": Setup("imagewoof", "tiny-syncbn", 32),  # its lr is 5e-4 (preset)
+    "imagewoof-pp": Setup("imagewoof", "tiny-ghostbn", 32),
+    "xsum": Setup("xsum", "tiny", 16, adam_tolerance=True),
+}
+
+
+def _pp(schedule: str, microbatches: int) -> tuple[str, ...]:
+    return ("--strategy-option", f"schedule={schedule}", "--microbatches", str(microbatches))
+
+
+# (setup, strategy label, nproc, extra CLI arguments). A pipeline label is pp:<schedule>.
+# ResNet pipelines use microbatches of 8 = the ghost BatchNorm group.
+RUNS = [
+    ("mnist", "ddp", 2, ()), ("mnist", "ddp", 4, ()),
+    ("mnist", "fsdp", 2, ()), ("mnist", "fsdp", 4, ()),
+    ("mnist", "accelerate", 2, ()), ("mnist", "accelerate", 4, ()),
+    ("mnist", "pp:gpipe", 2, _pp("gpipe", 4)),
+    ("mnist", "pp:1f1b", 3, _pp("1f1b", 8)),  # 3 stages: the most MNIST's CNN has
+    ("cifar", "ddp", 4, ()), ("cifar", "fsdp", 4, ()), ("cifar", "accelerate", 4, ()),
+    ("cifar-pp", "pp:gpipe", 4, _pp("gpipe", 4)),
+    ("cifar-pp", "pp:1f1b", 2, _pp("1f1b", 4)),
+    ("cifar-pp", "pp:looped_bfs", 2, _pp("looped_bfs", 4)),  # 4 stages, 2 per rank
+    ("cifar-pp", "pp:interleaved_zb", 2, _pp("interleaved_zb", 4)),
+    ("imagewoof", "ddp", 2, ()), ("imagewoof", "ddp", 4, ()),
+    ("imagewoof", "fsdp", 2, ()), ("imagewoof", "fsdp", 4, ()),
+    ("imagewoof", "accelerate", 2, ()), ("imagewoof", "accelerate", 4, ()),
+    ("imagewoof-pp", "pp:gpipe", 2, _pp("gpipe", 4)),
+    ("imagewoof-pp", "pp:1f1b", 4, _pp("1f1b", 4)),
+    ("imagewoof-pp", "pp:interleaved1f1b", 2, _pp("interleaved1f1b", 4)),
+    ("xsum", "ddp", 2, ()), ("xsum", "ddp", 4, ()),
+    ("xsum", "fsdp", 4, ()), ("xsum", "accelerate", 4, ()), ("xsum", "tp", 4, ()),
+    ("xsum", "fsdp+tp", 2, ("--mesh", "dp=1,tp=2")),
+]
+
+# Cells checked by tests of other modules: (workload, label, nproc) -> node id prefix.
+_SYNCBN = "test_cifar_train.py::test_synchronised_batchnorm_makes_two_ranks_match_one"
+_XSUM = "test_xsum_parallel.py::test_matches_one_process"
+_CIFAR_PP = "test_cifar_train.py::test_pipeline_matches_one_process"
+ELSEWHERE = {
+    ("cifar", "ddp", 2): _SYNCBN + "[ddp]",
+    ("cifar", "fsdp", 2): _SYNCBN + "[fsdp]",
+    ("cifar", "accelerate", 2): _SYNCBN + "[accelerate]",
+    ("cifar", "pp:gpipe", 2): _CIFAR_PP + "[2-extra0]",
+    ("cifar", "pp:interleaved1f1b", 2): _CIFAR_PP + "[2-extra1]",
+    ("xsum", "fsdp", 2): _XSUM + "[2-fsdp-",
+    ("xsum", "accelerate", 2): _XSUM + "[2-accelerate-",
+    ("xsum", "tp", 2): _XSUM + "[2-tp-",
+    ("xsum", "fsdp+tp", 4): _XSUM + "[4-fsdp+tp-",
+    ("xsum", "pp:gpipe", 2): "test_xsum_pp.py::test_matches_one_process[2-extra0-",
+    ("xsum", "pp:1f1b", 4): "test_xsum_pp.py::test_matches_one_process[4-extra1-",
+    ("xsum", "pp:interleaved1f1b", 2): "test_xsum_pp.py::test_matches_one_process[2-extra2-",
+}
+
+# Cells that cannot run, the reason, and the test showing the refusal.
+IMPOSSIBLE = {
+    ("mnist", "pp", 4): ("MNIST's CNN has 2 split points, so at most 3 stages",
+                         "test_unsupported.py::test_unsupported_combination[args1-"),
+}
+# Pipeline schedules each workload with stages must have run with (>= 4 stages needed for
+# the interleaved ones: MNIST has 3).
+SCHEDULES = {"mnist": {"gpipe", "1f1b"},
+             "cifar": {"gpipe", "1f1b", "interleaved1f1b", "looped_bfs", "interleaved_zb"},
+             "imagewoof": {"gpipe", "1f1b", "interleaved1f1b"},
+             "xsum": {"gpipe", "1f1b", "interleaved1f1b"}}
+
+
+def _cells_checked() -> dict[tuple[str, str, int], str]:
+    checked = {(SETUPS[s].workload, label, n): "here" for s, label, n, _ in RUNS}
+    checked.update(ELSEWHERE)
+    return checked
+
+
+def test_every_supported_cell_is_checked():
+    """Each cell `ddl plugins` lists as supported has a check at 2 and at 4 ranks (for pp:
+    some schedule at each size, and every schedule of SCHEDULES at some size); nothing is
+    checked that is not supported."""
+    from ddl.plugins import Plugins
+
+    plugins = Plugins()
+    workloads, strategies = plugins.workloads(), plugins.strategies()
+    supported = {(w, s) for w in workloads for s in strategies
+                 if strategies[s].supports(workloads[w])}
+    checked = _cells_checked()
+    by_strategy = {(w, label.split(":")[0], n) for w, label, n in checked}
+    missing = [(w, s, n) for w, s in sorted(supported) for n in (2, 4)
+               if (w, s, n) not in by_strategy and (w, s, n) not in IMPOSSIBLE]
+    assert not missing, f"cells without an equivalence check: {missing}"
+    stale = sorted({(w, s) for w, s, _ in by_strategy} - supported)
+    assert not stale, f"checked but not declared supported: {stale}"
+    for workload, schedules in SCHEDULES.items():
+        if (workload, "pp") in supported:
+            ran = {label.split(":")[1] for w, label, _ in checked if w == workload and ":" in label}
+            assert schedules <= ran, (workload, schedules - ran)
+
+
+def test_checks_elsewhere_exist():
+    """The named tests of other modules are collected (renaming one must fail here)."""
+    files = sorted({ref.split("::")[0] for ref in ELSEWHERE.values()}
+                   | {ref.split("::")[0] for _, ref in IMPOSSIBLE.values()})
+    here = Path(__file__).parent
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           *(str(here / f) for f in files)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    ids = [line.split("/")[-1] for line in proc.stdout.splitlines() if "::" in line]
+    for ref in [*ELSEWHERE.values(), *(ref for _, ref in IMPOSSIBLE.values())]:
+        assert any(i.startswith(ref) for i in ids), (ref, proc.stdout[-2000:], proc.stderr)
+
+
+def test_impossible_cells_are_impossible():
+    from ddl.plugins import Plugins
+    from ddl_mnist.plugin import PRESETS
+
+    spec = Plugins().workload("mnist")
+    workload = spec.create(PRESETS["tiny"])
+    assert len(workload.pipeline_splits(workload.build_model())) + 1 < 4
+
+
+# --- the runs ----------------------------------------------------------------------------
+
+class _DataDirs(dict):
+    """Synthetic data per workload, made by the real CLI when a run first needs it."""
+
+    def __init__(self, tmp_path_factory, mnist):
+        super().__init__(mnist=mnist)
+        self.factory = tmp_path_factory
+
+    def __missing__(self, workload):
+        root = self.factory.mktemp(f"{workload}-data")
+        proc = run_ddl("prepare", "--plugin", workload, "--synthetic", "--data-dir", str(root))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        self[workload] = root
+        return root
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory, synthetic_mnist):
+    return _DataDirs(tmp_path_factory, synthetic_mnist)
+
+
+def _train(run_dir: Path, setup: Setup, data_dir: Path, nproc: int, strategy: str,
+           *extra: str):
+    proc = run_ddl("train", *setup.args(), "--nproc", str(nproc), "--strategy", strategy,
+                   "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra,
+                   cwd=run_dir.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return (json.loads((run_dir / "results.json").read_text()),
+            torch.load(run_dir / "model.pt", weights_only=True))
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory, data_dirs):
+    """One single-process run per setup, made when first asked for."""
+    cache: dict[str, tuple] = {}
+
+    def get(name: str):
+        if name not in cache:
+            setup = SETUPS[name]
+            run_dir = tmp_path_factory.mktemp(f"ref-{name}") / "run"
+            cache[name] = _train(run_dir, setup, data_dirs[setup.workload], 1, "ddp")
+        return cache[name]
+
+    return get
+
+
+def _initial_weights(setup: Setup, data_dir: Path) -> dict[str, torch.Tensor]:
+    from ddl.distributed import seed_all
+    from ddl.plugins import Plugins
+
+    spec = Plugins().workload(setup.workload)
+    workload = spec.create(spec.presets[setup.preset])
+    workload.datasets(data_dir)  # xsum reads its model config from the data directory
+    seed_all(7)
+    return workload.build_model().state_dict()
+
+
+def _assert_same_weights(got, want, initial, adam_tolerance: bool) -> None:
+    assert got.keys() == want.keys() == initial.keys()
+    moved = [name for name in want if not torch.equal(want[name], initial[name])]
+    assert len(moved) >= 0.9 * len(want), "training left most tensors unchanged"
+    if not adam_tolerance:
+        for name in want:
+            # BatchNorm running means are averages of activations that nearly cancel (values
+            # ~1e-3 next to activations ~1): their rounding is absolute, not relative.
+            atol = 1e-5 if "running_" in name else 1e-6
+            torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=atol,
+                                       msg=lambda m, n=name: f"{n}: {m}")
+        return
+    # T5 under AdamW (as in test_xsum_parallel.py): Adam divides each update by the running
+    # gradient magnitude, so for the few weights whose gradient is ~0 a different reduction
+    # order becomes a visible difference. Essentially all elements agree to 1e-5 relative
+    # and none is off by more than 2 % of one step (1e-4).
+    total = off = 0
+    for name, expected in want.items():
+        diff = (got[name].float() - expected.float()).abs()
+        assert diff.max() < 1e-4, (name, diff.max().item())
+        off += int((diff > 1e-5 * (1 + expected.float().abs())).sum())
+        total += expected.numel()
+    assert off <= total * 1e-4, (off, total)
+
+
+def _assert_memory(strategy: str, nproc: int, one: dict, many: dict) -> None:
+    """FSDP holds 1/N of the parameters, gradients and optimizer state of a full replica
+    (DDP's per-rank amount, = one process's) plus at most 10 %; pipeline stages split it."""
+    full = one["memory_per_rank"][0]["model_state_bytes"]
+    per_rank = [m["model_state_bytes"] for m in many["memory_per_rank"]]
+    assert len(per_rank) == nproc
+    if strategy in ("ddp", "accelerate"):
+        assert per_rank == [full] * nproc
+    elif strategy == "fsdp":
+        assert max(per_rank) <= full / nproc * 1.10, (per_rank, full)
+    elif strategy == "pp":
+        assert sum(per_rank) == full and max(per_rank) < full, (per_rank, full)
+
+
+@pytest.mark.parametrize("setup_name, label, nproc, extra", RUNS,
+                         ids=[f"{s}-{label}-{n}" for s, label, n, _ in RUNS])
+def test_matches_one_process(tmp_path, data_dirs, references, setup_name, label, nproc,
+                             extra):
+    setup = SETUPS[setup_name]
+    strategy = label.split(":")[0]
+    one, want = references(setup_name)
+    many, got = _train(tmp_path / "run", setup, data_dirs[setup.workload], nproc, strategy,
+                       *extra)
+    assert one["world"]["size"] == 1 and many["world"]["size"] == nproc
+    assert many["strategy"] == strategy
+    dp = many["world"]["dp_size"]
+    assert dp == {"pp": 1, "tp": 1, "fsdp+tp": 1}.get(strategy, nproc)
+    assert many["batch"] == {"per_replica": setup.batch // dp, "global": setup.batch}
+    assert one["steps_per_epoch"] == many["steps_per_epoch"] == 3
+    if strategy == "pp":
+        assert many["strategy_report"]["schedule"] == label.split(":")[1]
+
+    initial = _initial_weights(setup, data_dirs[setup.workload])
+    _assert_same_weights(got, want, initial, setup.adam_tolerance)
+    _assert_memory(strategy, nproc, one, many)
+    # metrics are exact over all samples, so they agree too
+    for split in ("val", "test"):
+        for metric, value in one["final"][split].items():
+            close = (pytest.approx(value, rel=1e-3, abs=1e-4) if setup.adam_tolerance
+                     else pytest.approx(value, rel=1e-4, abs=1e-6))
+            assert many["final"][split][metric] == close, (split, metric)
