@@ -102,3 +102,16 @@ def test_torchrun_jsc_does_its_own_host_detection():
     command = node_launcher_command("torchrun_jsc", get_site("juwels-booster"), 4, env)
     assert command[1:3] == ["-m", "torchrun_jsc"]
     assert not [c for c in command if c.startswith(("--rdzv_conf", "--local_addr"))]
+
+
+@pytest.mark.parametrize("launcher, conf", [
+    ("torchrun", "--rdzv_conf=join_timeout=91,is_host=0"),
+    ("torchrun_jsc", "--rdzv_conf=join_timeout=91"),  # torchrun_jsc appends its is_host
+])
+def test_node_launchers_get_the_rendezvous_timeout(launcher, conf):
+    """The launchers meet in torchrun's own rendezvous first: --rendezvous-timeout bounds
+    that too (torch's default join_timeout is 600 s)."""
+    env = {**JOB, "SLURM_NODEID": "1", "MASTER_ADDR": "10.1.0.1", "MASTER_PORT": "7010"}
+    command = node_launcher_command(launcher, get_site("juwels-booster"), 4, env,
+                                    rendezvous_timeout=90.5)
+    assert [c for c in command if c.startswith("--rdzv_conf")] == [conf]

@@ -260,7 +260,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     nproc = config.nproc or 1
     _preflight(config, plugins, nproc * nnodes, False)
-    command = node_launcher_command(launcher, site, nproc, max_restarts=config.max_restarts)
+    command = node_launcher_command(launcher, site, nproc, max_restarts=config.max_restarts,
+                                    rendezvous_timeout=config.rendezvous_timeout)
     exec_node_launcher(command, {worker.CONFIG_ENV: config.model_dump_json(),
                                  worker.PER_NODE_ENV: "1"})
     return 0  # not reached: exec replaced this process

@@ -17,6 +17,7 @@ early by the batch shell (the bug of huggingface/accelerate#2816).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -59,8 +60,8 @@ def srun_worker_env(site: SiteProfile, env: Mapping[str, str] = os.environ) -> d
 
 
 def node_launcher_command(launcher: str, site: SiteProfile, nproc_per_node: int,
-                          env: Mapping[str, str] = os.environ, max_restarts: int = 0
-                          ) -> list[str]:
+                          env: Mapping[str, str] = os.environ, max_restarts: int = 0,
+                          rendezvous_timeout: float | None = None) -> list[str]:
     """The torchrun (or torchrun_jsc) command this node's task execs."""
     if not in_slurm_step(env):
         raise UsageError(f"--launcher {launcher}: run it as an srun task (one per node) "
@@ -81,12 +82,19 @@ def node_launcher_command(launcher: str, site: SiteProfile, nproc_per_node: int,
                f"--nproc_per_node={nproc_per_node}", "--rdzv_backend=c10d",
                f"--rdzv_endpoint={host}:{port}",
                f"--rdzv_id={env.get('SLURM_JOB_ID', 'ddl')}", f"--max_restarts={max_restarts}"]
+    conf = []
+    if rendezvous_timeout is not None:
+        # The nodes' launchers meet before the workers do: the same limit (torchrun takes
+        # whole seconds; torchrun_jsc appends its is_host to this conf).
+        conf.append(f"join_timeout={math.ceil(rendezvous_timeout)}")
     if launcher == "torchrun":
         # What torchrun_jsc does for us: say which node hosts the store, and on that node
         # bind it to the rendezvous address rather than the hostname (pytorch#73656).
-        command.append(f"--rdzv_conf=is_host={1 if node_id == 0 else 0}")
-        if node_id == 0:
-            command.append(f"--local_addr={host}")
+        conf.append(f"is_host={1 if node_id == 0 else 0}")
+    if conf:
+        command.append("--rdzv_conf=" + ",".join(conf))
+    if launcher == "torchrun" and node_id == 0:
+        command.append(f"--local_addr={host}")
     return command + ["-m", "ddl.worker"]
 
 
