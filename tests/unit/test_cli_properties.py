@@ -283,6 +283,14 @@ def test_sites_and_doctor_arguments(command, data):
     assert_clean(run(argv), may_report_failures=command == "doctor")
 
 
+@pytest.mark.parametrize("argv", [["doctor", "--data-dir", "\ud800"],  # found by the above
+                                  ["sites", "show", "\udcff"], ["train", "--plugin=x\udcff"]])
+def test_text_that_cannot_be_printed_is_rejected(argv):
+    outcome = run(argv)
+    assert_clean(outcome)
+    assert outcome.code == 2 and "not valid UTF-8" in outcome.stderr, outcome
+
+
 def test_negative_gpus_per_node_is_rejected():
     outcome = run(["submit", "--site", "jureca-dc", "--gpus-per-node", "-1", "--dry-run"])
     assert_clean(outcome)

@@ -521,10 +521,15 @@ def _check_decodable(args: list[str]) -> None:
     """Bytes that are not UTF-8 reach argv as lone surrogates (PEP 383); they could be
     neither printed nor written into a script, so they stop here."""
     for arg in args:
-        if any("\udc80" <= ch <= "\udcff" for ch in arg):
-            raw = arg.encode("utf-8", "surrogateescape")
-            raise UsageError(f"argument {raw!r} is not valid UTF-8; ddl takes UTF-8 text "
-                             "(file names included)")
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                shown = repr(arg.encode("utf-8", "surrogateescape"))  # the bytes as typed
+            except UnicodeEncodeError:  # a surrogate no byte decodes to (a caller's str)
+                shown = ascii(arg)
+            raise UsageError(f"argument {shown} is not valid UTF-8; ddl takes UTF-8 text "
+                             "(file names included)") from None
 
 
 def main(argv: list[str] | None = None) -> int:
