@@ -1,0 +1,163 @@
+"""The CPU image, built and run with a real Apptainer (Debian sid's 1.4, provided on this
+Debian 12 machine by ../shared/tools/provide-apptainer, which also makes the Debian 12 Python
+root used as the `Bootstrap: localimage` base: registries are unreachable here).
+
+One build per session, through `ddl container build` exactly as docs/containers.md
+describes (wheelhouse by scripts/build-wheelhouse.sh --torch --offline, so the build
+installs from the wheelhouse only). Then, against that image:
+- `apptainer run IMAGE train --site local --plugin mnist --preset tiny --nproc 2` trains
+  with the image's ddl and writes results.json outside the image;
+- `apptainer test` passes; `apptainer inspect` shows the ddl labels;
+- the image's `ddl sites` lists every profile in sites/ (packaged inside the image).
+And without the image: a broken definition is refused by `ddl container check` and, handed
+to the real build unchecked, by Apptainer itself, whose error ddl repeats.
+
+The provided Apptainer and the wheelhouse are cached under .cache/ (ignored by git), so a
+second run skips their ~2 minutes; a fresh clone builds both from nothing. Not covered here
+(no GPU, no registry): the CUDA and ROCm images, --nv/--rocm, docker:// bases.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, assert_one_line_error, run_ddl
+from ddl import __version__
+
+pytestmark = pytest.mark.system
+
+PROVIDE = Path(os.environ.get("DDL_PROVIDE_APPTAINER",
+                              REPO.parent / "shared" / "tools" / "provide-apptainer"))
+CACHE = REPO / ".cache"
+APPTAINER_DIR = CACHE / "apptainer"
+WHEELHOUSE = CACHE / "wheelhouse"
+
+
+@pytest.fixture(scope="module")
+def runtime_env() -> dict[str, str]:
+    """A real apptainer on PATH (provided once, then reused from .cache/apptainer)."""
+    if not PROVIDE.is_file():
+        pytest.fail(f"{PROVIDE} not found: the system tests need ../shared/tools beside the "
+                    "checkout (or DDL_PROVIDE_APPTAINER)")
+    proc = subprocess.run([str(PROVIDE), str(APPTAINER_DIR)], capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, f"provide-apptainer failed:\n{proc.stdout}\n{proc.stderr}"
+    env = {**os.environ, "PATH": f"{APPTAINER_DIR / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("DDL_SITE_PATH", None)  # the image must find its own profiles
+    return env
+
+
+@pytest.fixture(scope="module")
+def image(runtime_env, tmp_path_factory) -> Path:
+    wheels = subprocess.run([str(REPO / "scripts" / "build-wheelhouse.sh"), "--torch",
+                             "--offline", str(WHEELHOUSE)], capture_output=True, text=True,
+                            timeout=1800)
+    assert wheels.returncode == 0, wheels.stderr
+    sif = tmp_path_factory.mktemp("image") / "ddl-cpu.sif"
+    build = run_ddl("container", "build", "--target", "cpu",
+                    "--base", str(APPTAINER_DIR / "base"), "--wheelhouse", str(WHEELHOUSE),
+                    "--offline", "--no-compress", "--output", str(sif),
+                    cwd=REPO, env=runtime_env, timeout=2400)
+    assert build.returncode == 0, build.stderr[-5000:]
+    assert f"ddl: built {sif}" in build.stdout
+    yield sif
+    sif.unlink(missing_ok=True)  # several GB
+
+
+def _apptainer(env, *args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(["apptainer", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, image,
+                                                                tmp_path):
+    proc = _apptainer(runtime_env, "run", str(image), "train", "--site", "local", "--plugin",
+                      "mnist", "--preset", "tiny", "--nproc", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"^results: (\S+)$", proc.stdout, re.M)
+    assert match, proc.stdout
+    results_file = tmp_path / match.group(1)
+    assert results_file.is_file() and results_file.is_relative_to(tmp_path)
+    results = json.loads(results_file.read_text())
+    # the image's ddl ran (installed from its wheel), not the checkout's
+    assert results["command"][0].startswith("/usr/local/lib/python3"), results["command"]
+    assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu"}
+    assert results["data"] == {"dir": str(tmp_path / "data"), "synthetic": True}
+    assert results["versions"]["torch"].startswith("2.14.1")
+    assert len(results["epochs"]) == 2 and results["final"]["test"]["accuracy"] > 0.5
+
+
+def test_apptainer_test_runs_the_smoke_check(runtime_env, image):
+    proc = _apptainer(runtime_env, "test", str(image))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ddl {__version__}" in proc.stdout
+    assert "gloo all_reduce ok" in proc.stdout
+
+
+def test_inspect_shows_the_ddl_labels(runtime_env, image):
+    proc = _apptainer(runtime_env, "inspect", "--labels", str(image))
+    assert proc.returncode == 0, proc.stderr
+    labels = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert labels["ddl.version"] == __version__
+    assert labels["ddl.target"] == "cpu"
+    # the checkout's commit at build time (HEAD itself, unless a commit landed since)
+    commit = labels["ddl.commit"].removesuffix("-dirty")
+    ancestor = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor",
+                               commit, "HEAD"], capture_output=True, text=True)
+    assert re.fullmatch(r"[0-9a-f]{7,}", commit) and ancestor.returncode == 0, labels
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["ddl.built"])
+    assert labels["ddl.base"] == f"localimage:{APPTAINER_DIR / 'base'}"
+    assert labels["ddl.torch"].startswith("2.14.1")
+    run_help = _apptainer(runtime_env, "run-help", str(image))
+    assert "apptainer run ddl-cpu.sif train" in run_help.stdout
+
+
+def test_image_lists_every_site_profile_from_inside(runtime_env, image, tmp_path):
+    proc = _apptainer(runtime_env, "run", str(image), "sites", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    listed = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    shipped = {path.stem for path in (REPO / "sites").glob("*.toml")}
+    assert shipped <= set(listed), (shipped - set(listed), proc.stdout)
+    for name in shipped:  # read from the wheel's copy inside the image, not the checkout
+        assert f"/ddl/_sites/{name}.toml]" in listed[name], listed[name]
+        assert str(REPO) not in listed[name]
+        assert "INVALID" not in listed[name]
+
+
+BROKEN = {
+    "unknown-section": ("Bootstrap: localimage\nFrom: {base}\n\n%psot\n    true\n",
+                        "x.def:4: unknown section %psot",
+                        "invalid section(s) specified: psot"),
+    "no-header": ("%post\n    true\n", "x.def:1: no header before the first section",
+                  "all must have headers"),
+    "no-bootstrap": ("From: {base}\n\n%post\n    true\n", "x.def:1: the header has no "
+                     "'Bootstrap:' line", "no bootstrap specification found"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_definition_is_caught_by_check_and_by_the_real_build(runtime_env, tmp_path,
+                                                                    case):
+    text, ours, apptainers = BROKEN[case]
+    definition = tmp_path / "x.def"
+    definition.write_text(text.format(base=APPTAINER_DIR / "base"))
+    wheelhouse = tmp_path / "wheelhouse"  # the definitions do not use it
+    check = run_ddl("container", "check", "--def", str(definition),
+                    "--wheelhouse", str(wheelhouse), env=runtime_env)
+    assert_one_line_error(check, ours)
+
+    build = run_ddl("container", "build", "--no-check", "--def", str(definition),
+                    "--wheelhouse", str(wheelhouse), "--output", str(tmp_path / "x.sif"),
+                    cwd=tmp_path, env=runtime_env, timeout=300)
+    assert build.returncode == 1, build.stdout + build.stderr
+    assert "FATAL:" in build.stderr and apptainers in build.stderr  # shown as it came
+    last = build.stderr.strip().splitlines()[-1]
+    assert last.startswith("ddl: error: apptainer build failed (exit 255): "), last
+    assert apptainers in last
+    assert not (tmp_path / "x.sif").exists()
