@@ -49,14 +49,41 @@ pins=()
 if [ "$torch" = 1 ]; then
     mapfile -t pins < <(grep -E '^(torch|torchvision)==' "$ROOT/requirements-dev.txt")
     [ "${#pins[@]}" = 2 ] || { echo "build-wheelhouse: torch/torchvision pins not found in requirements-dev.txt" >&2; exit 1; }
-    echo "build-wheelhouse: ${pins[*]} -> $dir" >&2
-    "${pip[@]}" download --quiet --no-deps --dest "$dir" "${pins[@]}"
+    versions=("${pins[@]/==/-}")  # torch==2.14.1 -> torch-2.14.1, as in the file names
+    if ls "$dir/${versions[0]}"-*.whl "$dir/${versions[1]}"-*.whl >/dev/null 2>&1; then
+        echo "build-wheelhouse: ${pins[*]} already in $dir" >&2
+    else
+        echo "build-wheelhouse: ${pins[*]} -> $dir" >&2
+        "${pip[@]}" download --quiet --no-deps --dest "$dir" "${pins[@]}"
+    fi
 fi
 
+# What the dependencies depend on: the pins and ddl's declared requirements. Resolving
+# them again takes about a minute even when every wheel is already here, so a stamp named
+# after them marks a complete set.
+requirements_stamp() {
+    "$PYTHON" - "$dir" "${pins[@]}" <<'PY'
+import hashlib, pathlib, sys, zipfile
+h = hashlib.sha256(" ".join(sys.argv[2:]).encode())
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("ddl*.whl")):
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        h.update(b"".join(l for l in z.read(meta).splitlines(True) if l.startswith(b"Requires-Dist")))
+print(h.hexdigest()[:16])
+PY
+}
+
 if [ "$offline" = 1 ]; then
-    # What the images install (containers/*.def), with every dependency as a wheel.
-    wanted=("$dir"/ddl-*.whl "$dir"/ddl_*.whl torchrun-jsc accelerate "${pins[@]}")
-    echo "build-wheelhouse: all dependencies -> $dir (offline builds)" >&2
-    "${pip[@]}" wheel --quiet --wheel-dir "$dir" --find-links "$dir" "${wanted[@]}"
+    stamp="$dir/.complete-$(requirements_stamp)"
+    if [ -f "$stamp" ]; then
+        echo "build-wheelhouse: dependencies already complete in $dir" >&2
+    else
+        # What the images install (containers/*.def), with every dependency as a wheel.
+        wanted=("$dir"/ddl-*.whl "$dir"/ddl_*.whl torchrun-jsc accelerate "${pins[@]}")
+        echo "build-wheelhouse: all dependencies -> $dir (offline builds)" >&2
+        "${pip[@]}" wheel --quiet --wheel-dir "$dir" --find-links "$dir" "${wanted[@]}"
+        rm -f "$dir"/.complete-*
+        touch "$stamp"
+    fi
 fi
 ls "$dir" | sed 's/^/  /' >&2
