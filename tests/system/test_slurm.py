@@ -289,3 +289,44 @@ def test_unresolvable_rendezvous_host_fails_fast(slurm, synthetic_mnist, tmp_pat
 def test_jobs_see_the_cluster_name(slurm):
     """local-slurm.toml's `detect` relies on SLURM_CLUSTER_NAME inside jobs."""
     assert "SLURM_CLUSTER_NAME=local" in slurm.node1_task, slurm.node1_task
+
+
+def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, synthetic_mnist,
+                                                                       tmp_path):
+    """A 1-minute job whose training needs longer: Slurm signals the batch script
+    (--signal=B:USR1@50, checked by slurmctld about every 30 s), the run checkpoints and
+    stops, the script requeues the job, the requeued job resumes; meanwhile the same run
+    without a time limit goes through on the other node. Both end with the same weights."""
+    run = ["--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "16", "--epochs",
+           "6", "--seed", "7", "--checkpoint-every", "25", "--data-dir", str(synthetic_mnist),
+           "--site", "local-slurm", "--nodes", "1", "--gpus-per-node", "2"]
+    jobs = {}
+    for name, limits in (("limited", ["--time", "1", "--stop-margin", "50"]),
+                         ("reference", ["--time", "00:15:00", "--stop-margin", "0"])):
+        proc = run_ddl("submit", *run, *limits, "--output-dir", str(tmp_path / name),
+                       "--job-name", name, cwd=tmp_path, env=slurm.env, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        job_id = re.search(r"^ddl: submitted job (\d+) ", proc.stdout, re.M).group(1)
+        jobs[name] = (job_id, Path(re.search(r"^\s+results:\s+(\S+)$", proc.stdout,
+                                             re.M).group(1)))
+    infos = {name: wait_for_job(slurm, job_id, timeout=900)
+             for name, (job_id, _) in jobs.items()}
+    logs = {name: next((tmp_path / name).glob("*.out")).read_text() for name in jobs}
+    for name in jobs:
+        assert infos[name]["JobState"] == "COMPLETED", f"{name}: {infos[name]}\n{logs[name]}"
+
+    limited = logs["limited"]
+    assert "checkpointing and stopping" in limited, limited
+    assert "ddl: requeueing job" in limited, limited
+    assert re.search(r"^ddl: resumed from \S+step-\d{8} ", limited, re.M), limited
+    results = json.loads(jobs["limited"][1].read_text())
+    assert results["restarts"]["slurm_restart_count"] >= 1, results["restarts"]
+    assert int(infos["limited"]["Restarts"]) >= 1, infos["limited"]
+
+    import torch
+
+    weights = {name: torch.load(path.with_name("model.pt"), weights_only=True)
+               for name, (_, path) in jobs.items()}
+    assert weights["limited"].keys() == weights["reference"].keys()
+    for key, expected in weights["reference"].items():
+        assert torch.equal(weights["limited"][key], expected), key

@@ -67,7 +67,7 @@ def test_jsc(capsys, site, partition, cpus, nodes):
                 "HF_EVALUATE_OFFLINE"):                # offline compute nodes
         assert f"export {var}=1" in lines
     launch = [line for line in lines if line.startswith("srun ")]
-    assert launch == ["srun --ntasks-per-node=1 --cpu-bind=none ddl \\"]  # --cpu_bind=none
+    assert launch == ["srun --ntasks-per-node=1 --cpu-bind=none --kill-on-bad-exit=1 ddl \\"]  # --cpu_bind=none
     assert "--launcher=torchrun_jsc --nproc=4" in lines[lines.index(launch[0]) + 1]
 
 
@@ -80,7 +80,7 @@ def test_cte_power(capsys, nodes):
     assert 'MASTER_ADDR="${first_node}-ib0"' in lines  # BSC's suffix is -ib0, not i
     assert any(line.startswith("module load gcc/8.3.0 cuda/10.2 cudnn/7.6.4 nccl/2.4.8")
                for line in lines)
-    assert "srun --ntasks-per-node=4 --cpu-bind=none ddl \\" in lines
+    assert "srun --ntasks-per-node=4 --cpu-bind=none --kill-on-bad-exit=1 ddl \\" in lines
     assert any("--launcher=srun --nproc=4" in line for line in lines)
 
 
@@ -97,7 +97,7 @@ def test_lumi(capsys, nodes):
     assert 'MASTER_PORT="1$(printf %04d $((SLURM_JOB_ID % 10000)))"' in lines
     masks = ("0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000fe000000,"
              "0x00000000000000fe,0x000000000000fe00,0x000000fe00000000,0x0000fe0000000000")
-    assert f"srun --ntasks-per-node=8 --cpu-bind=mask_cpu:{masks} ddl \\" in lines
+    assert f"srun --ntasks-per-node=8 --cpu-bind=mask_cpu:{masks} --kill-on-bad-exit=1 ddl \\" in lines
     for env in ('NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"', 'NCCL_NET_GDR_LEVEL="PHB"',
                 'MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"',
                 'MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"', 'CXI_FORK_SAFE="1"',

@@ -142,6 +142,9 @@ def make_parser() -> argparse.ArgumentParser:
                                               "installation's ddl)")
     submit.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                         help="extra #SBATCH option, e.g. --sbatch=--qos=debug (repeatable)")
+    submit.add_argument("--stop-margin", type=int, default=300, metavar="SECONDS",
+                        help="before the time limit: checkpoint, stop and requeue the job "
+                             "this many seconds early (default: 300; 0 = off)")
     submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
 
     _container_parser(sub)
@@ -195,7 +198,7 @@ def _container_parser(sub) -> None:
 
 
 SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
-               "output_dir", "container", "ddl_command", "sbatch", "dry_run")
+               "output_dir", "container", "ddl_command", "sbatch", "dry_run", "stop_margin")
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -364,7 +367,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
         job_name=ns.job_name, run_dir=config.run_dir.resolve() if config.run_dir else None,
         ddl_command=ns.ddl_command or _this_ddl(), container=_image(ns.container, ns.dry_run),
-        extra_sbatch=ns.sbatch)
+        extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin)
     script = render(site, request)
     check_syntax(script, site)
     if ns.dry_run:

@@ -47,6 +47,7 @@ class SubmitRequest:
     ddl_command: str = "ddl"
     container: str | None = None  # an image; "" = the site's default image
     extra_sbatch: list[str] = field(default_factory=list)
+    stop_margin_s: int = 300  # seconds before the time limit to checkpoint, stop, requeue
 
 
 def _sbatch_value(flag: str, value: str) -> str:
@@ -100,6 +101,10 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     time = _time(req.time or "01:00:00")  # short by default; the partition max may be days
     sb.append(f"--time={time}")
     sb.append(f"--output={out_dir}/%x-%j.out")
+    if req.stop_margin_s:
+        # The time limit: Slurm signals this script (B:) the margin before the end; the
+        # trap below asks the run to checkpoint and stop, then the job requeues itself.
+        sb += [f"--signal=B:USR1@{req.stop_margin_s}", "--requeue", "--open-mode=append"]
     if site.slurm.exclusive:
         sb.append("--exclusive")
     sb += site.slurm.extra + [_sbatch_value("--sbatch", e) for e in req.extra_sbatch]
@@ -129,7 +134,10 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
         run_dir = shlex.quote(str(req.run_dir))
     else:
         run_dir = shlex.quote(f"{req.output_dir}/{req.plugin}-{req.strategy}-") + '"$SLURM_JOB_ID"'
-    srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={site.cpu_binding.srun}"]
+    lines.append(f"run_dir={run_dir}  # the same after a requeue: the run continues there")
+    # One failed rank ends the step at once instead of leaving the others waiting.
+    srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={site.cpu_binding.srun}",
+            "--kill-on-bad-exit=1"]
     if per_node_launcher and site.cpu_binding.srun != "none":
         srun[-1] = "--cpu-bind=none"  # workers bind themselves (worker_cores)
     if req.container is not None:  # "" = the site's default image
@@ -137,11 +145,43 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     else:
         entry = [shlex.quote(req.ddl_command)]
     train = ["train", f"--site={shlex.quote(site.name)}", f"--launcher={req.launcher}",
-             f"--nproc={procs}", f"--run-dir={run_dir}"]
+             f"--nproc={procs}", '--run-dir="$run_dir"']
     train += [shlex.quote(a) for a in req.train_args]
     lines.append(f"# {_launch_note(req.launcher)}")
-    lines.append(" \\\n    ".join([" ".join(srun + entry), " ".join(train)]))
+    launch = " \\\n    ".join([" ".join(srun + entry), " ".join(train)])
+    if not req.stop_margin_s:
+        lines.append(launch)
+        return "\n".join(lines) + "\n"
+    lines += _stoppable(launch, req.stop_margin_s)
     return "\n".join(lines) + "\n"
+
+
+def _stoppable(launch: str, margin_s: int) -> list[str]:
+    """Run the step in the background so the USR1 trap fires at once (bash runs traps only
+    between commands), and requeue the job when it stopped early. The trap only creates
+    RUN_DIR/STOP, which the ranks poll: that reaches ranks behind torchrun or inside a
+    container alike, and requeueing from this script (outside any container) finds
+    scontrol wherever the login environment has it."""
+    return [
+        'rm -f "$run_dir/STOP"  # a requeued job starts without the previous stop request',
+        "stop_requested=0",
+        f"trap 'stop_requested=1; mkdir -p \"$run_dir\"; touch \"$run_dir/STOP\"; "
+        f"echo \"ddl: {margin_s} s to the time limit: checkpointing and stopping\"' USR1",
+        launch + " &",
+        "step=$!",
+        'status=0; wait "$step" || status=$?',
+        'while kill -0 "$step" 2>/dev/null; do status=0; wait "$step" || status=$?; done',
+        'if [ "$stop_requested" = 1 ] && [ ! -e "$run_dir/results.json" ]; then',
+        "  if command -v scontrol >/dev/null; then",
+        '    echo "ddl: requeueing job $SLURM_JOB_ID; the run resumes from its checkpoint"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "  else",
+        '    echo "ddl: cannot requeue (no scontrol here): submit this script again;'
+        ' the run resumes from its checkpoint in $run_dir" >&2',
+        "  fi",
+        "fi",
+        'exit "$status"',
+    ]
 
 
 def _style_note(launcher: str, procs: int) -> str:

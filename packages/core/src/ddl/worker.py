@@ -44,6 +44,7 @@ def _create_run_dir_on_rank0(config, world) -> None:
 
 
 def run(config, *, create_run_dir: bool) -> None:
+    from ddl.checkpoint import latest
     from ddl.distributed import close_world, init_world
     from ddl.plugins import Plugins
     from ddl.sites import get_site
@@ -52,9 +53,10 @@ def run(config, *, create_run_dir: bool) -> None:
 
     restarts = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                    int(os.environ.get("SLURM_RESTART_COUNT", 0)))
-    if restarts and config.resume == "none":
+    if restarts and config.resume != "auto" and (
+            config.resume == "none" or latest(Path(config.run_dir)) is not None):
         # Restarted by the launcher or requeued by Slurm: continue from the newest
-        # checkpoint of this run instead of starting again (or refusing the run dir).
+        # checkpoint of this run (not from where it first started, nor from scratch).
         config = config.model_copy(update={"resume": "auto"})
     plugins = Plugins()
     site = get_site(config.site, plugins)
