@@ -291,6 +291,16 @@ def test_text_that_cannot_be_printed_is_rejected(argv):
     assert outcome.code == 2 and "not valid UTF-8" in outcome.stderr, outcome
 
 
+@pytest.mark.parametrize("flag, value", [("--lr", "inf"), ("--warmup-epochs", "inf"),
+                                         ("--seed", str(2**64)), ("--rendezvous-timeout", "inf")])
+def test_values_workers_could_not_use_are_rejected(scratch, flag, value):
+    """Found reading the generated cases: these passed the preflight and would fail (or
+    diverge) only in the workers."""
+    outcome = run(["train", flag, value, "--nproc", "1", "--data-dir", str(scratch / "none")])
+    assert_clean(outcome)
+    assert outcome.code == 2 and flag in outcome.stderr, outcome
+
+
 def test_negative_gpus_per_node_is_rejected():
     outcome = run(["submit", "--site", "jureca-dc", "--gpus-per-node", "-1", "--dry-run"])
     assert_clean(outcome)

@@ -52,11 +52,14 @@ class RunConfig(BaseModel):
         default_factory=dict, description="parallel degrees by name, e.g. {dp: 2, tp: 2}; "
         "the strategy fills in what is missing from the world size")
     microbatches: int | None = Field(None, ge=1, description="pipeline microbatches per step")
-    lr: float | None = Field(None, gt=0, description="learning rate before scaling")
+    lr: float | None = Field(None, gt=0, allow_inf_nan=False,
+                             description="learning rate before scaling")
     lr_scaling: Literal["none", "linear"] = Field(
         "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")
-    warmup_epochs: float = Field(0.0, ge=0, description="linear learning-rate warm-up")
-    seed: int = Field(1, ge=0)
+    warmup_epochs: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                 description="linear learning-rate warm-up")
+    # torch generators take 64-bit seeds; ranks and epochs are added to this one
+    seed: int = Field(1, ge=0, le=2**63 - 1)
     data_dir: Path | None = None
     run_dir: Path | None = Field(None, description="default: runs/<plugin>-<strategy>-<time>")
     workers: int | None = Field(None, ge=0, description="DataLoader workers per process")
