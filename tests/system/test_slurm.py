@@ -117,6 +117,27 @@ def wait_for_job(cluster: Cluster, job_id: str, timeout: float = JOB_DEADLINE_S)
         time.sleep(0.5)  # poll interval only; the deadline decides
 
 
+def wait_for_jobs(cluster: Cluster, jobs: dict[str, str], timeout: float) -> dict:
+    """wait_for_job for several jobs at once: each one's final record is taken as soon as it
+    ends (slurmctld forgets finished jobs after MinJobAge, 300 s)."""
+    deadline = time.monotonic() + timeout
+    done: dict[str, dict] = {}
+    while len(done) < len(jobs):
+        for name, job_id in jobs.items():
+            if name in done:
+                continue
+            info = show_job(cluster, job_id)
+            queued = cluster.run("squeue", "-h", "-j", job_id).stdout.strip()
+            if not queued and info.get("JobState") in TERMINAL:
+                done[name] = info
+        if time.monotonic() > deadline:
+            for job_id in jobs.values():
+                cluster.run("scancel", job_id)
+            pytest.fail(f"jobs {jobs} not finished after {timeout} s; done: {list(done)}")
+        time.sleep(0.5)  # poll interval only; the deadline decides
+    return done
+
+
 def seconds(slurm_time: str) -> int:
     """Slurm's [D-]HH:MM:SS as seconds."""
     days, _, clock = slurm_time.rpartition("-")
@@ -293,15 +314,16 @@ def test_jobs_see_the_cluster_name(slurm):
 
 def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, synthetic_mnist,
                                                                        tmp_path):
-    """A 1-minute job whose training needs longer: Slurm signals the batch script
-    (--signal=B:USR1@50, checked by slurmctld about every 30 s), the run checkpoints and
-    stops, the script requeues the job, the requeued job resumes; meanwhile the same run
-    without a time limit goes through on the other node. Both end with the same weights."""
+    """A 2-minute job whose training needs longer: Slurm signals the batch script
+    (--signal=B:USR1@90: 30 s after the start, checked by slurmctld about every 30 s), the
+    run checkpoints and stops, the script requeues the job, the requeued job resumes (each
+    run trains ~20-60 s); meanwhile the same run without a time limit goes through on the
+    other node. Both end with the same weights."""
     run = ["--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "16", "--epochs",
-           "6", "--seed", "7", "--checkpoint-every", "25", "--data-dir", str(synthetic_mnist),
+           "3", "--seed", "7", "--checkpoint-every", "25", "--data-dir", str(synthetic_mnist),
            "--site", "local-slurm", "--nodes", "1", "--gpus-per-node", "2"]
     jobs = {}
-    for name, limits in (("limited", ["--time", "1", "--stop-margin", "50"]),
+    for name, limits in (("limited", ["--time", "2", "--stop-margin", "90"]),
                          ("reference", ["--time", "00:15:00", "--stop-margin", "0"])):
         proc = run_ddl("submit", *run, *limits, "--output-dir", str(tmp_path / name),
                        "--job-name", name, cwd=tmp_path, env=slurm.env, timeout=120)
@@ -309,8 +331,8 @@ def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, sy
         job_id = re.search(r"^ddl: submitted job (\d+) ", proc.stdout, re.M).group(1)
         jobs[name] = (job_id, Path(re.search(r"^\s+results:\s+(\S+)$", proc.stdout,
                                              re.M).group(1)))
-    infos = {name: wait_for_job(slurm, job_id, timeout=900)
-             for name, (job_id, _) in jobs.items()}
+    infos = wait_for_jobs(slurm, {name: job_id for name, (job_id, _) in jobs.items()},
+                          timeout=1200)
     logs = {name: next((tmp_path / name).glob("*.out")).read_text() for name in jobs}
     for name in jobs:
         assert infos[name]["JobState"] == "COMPLETED", f"{name}: {infos[name]}\n{logs[name]}"
