@@ -83,3 +83,16 @@ def test_prepare_real_download_fails_clearly_offline(tmp_path):
     assert len(lines) == 1 and "could not download MNIST" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "d" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
+
+
+def test_a_reader_that_goes_away_is_no_error():
+    """`ddl sites | head -1`: the pipe closes before ddl has written everything."""
+    import subprocess
+
+    from conftest import DDL
+
+    proc = subprocess.Popen([DDL, "sites"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # nobody reads: ddl's writes fail with EPIPE
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
