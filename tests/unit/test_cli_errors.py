@@ -96,3 +96,10 @@ def test_a_reader_that_goes_away_is_no_error():
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert proc.returncode == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_resume_from_a_path_without_a_checkpoint_is_one_line(tmp_path, synthetic_mnist):
+    proc = run_ddl("train", "--data-dir", str(synthetic_mnist), "--run-dir",
+                   str(tmp_path / "r"), "--resume", str(tmp_path / "nothing-here"), cwd=tmp_path)
+    assert_one_line_error(proc, "--resume", "nothing-here", "allowed: none, auto")
+    assert not (tmp_path / "r").exists()  # refused before anything was written

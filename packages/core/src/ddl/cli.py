@@ -281,6 +281,10 @@ def _preflight(config, plugins, world_size: int, default_data_dir: bool) -> None
     from ddl.trainer import build
 
     site = get_site(config.site, plugins)
+    if config.resume not in ("none", "auto"):
+        from ddl.checkpoint import resolve
+
+        resolve(config.resume, Path("."))  # a wrong path: one line now, not from N workers
     gpu = config.device == "cuda" or (config.device == "auto" and site.accelerator != "cpu")
     stand_in = World(rank=0, local_rank=0, size=world_size,
                      device=torch.device("cuda" if gpu else "cpu"), backend=site.backend)
