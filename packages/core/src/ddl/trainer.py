@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ddl import checkpoint, rundir
+from ddl import checkpoint, mfu, rundir
 from ddl.control import StepGuard
 from ddl.config import RunConfig, resolve_batch, scaled_lr
 from ddl.data import eval_loader, train_loader
@@ -286,6 +286,9 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     results["restarts"] = {"slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
                            "worker_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
     results["strategy_report"] = strategy_report
+    results["mfu"] = mfu.summary(workload.flops_per_sample(), results["summary"]["samples_per_s"],
+                                 world.size, mfu.site_peak(config.site, plugins),
+                                 f"site profile {config.site}")
     results["versions"]["plugins"] = {
         role: plugins.version_of(spec.plugin) or spec.plugin
         for role, spec in (("workload", plugins.workload(config.plugin)),
