@@ -148,6 +148,7 @@ def make_parser() -> argparse.ArgumentParser:
     submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
 
     _container_parser(sub)
+    _measure_parsers(sub)
 
     sub.add_parser("plugins", help="list installed workloads and strategies")
     sites = sub.add_parser("sites", help="list known site profiles; `sites show NAME` prints one")
@@ -157,6 +158,33 @@ def make_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--site", default="auto", help="default: auto")
     doctor.add_argument("--data-dir", type=Path, help="data directory to check")
     return parser
+
+
+def _measure_parsers(sub) -> None:
+    scale = sub.add_parser("scale", help="a scaling study: one run per point (--nprocs "
+                                          "locally, --nodes as Slurm jobs), then its report")
+    _train_flags(scale)
+    scale.add_argument("--nprocs", help="local points, e.g. 1,2,4 (processes)")
+    scale.add_argument("--nodes", help="Slurm points, e.g. 1,2,4 (nodes; with --site)")
+    scale.add_argument("--scaling", choices=["weak", "strong"], default="weak",
+                       help="weak: keep the batch per replica; strong: keep the global "
+                            "batch (default: weak)")
+    scale.add_argument("--output", type=Path, help="study directory (default: "
+                                                   "runs/scale-<plugin>-<strategy>-<time>)")
+    scale.add_argument("--peak-flops", metavar="FLOPS|measure",
+                       help="device peak for MFU instead of the site profile's; 'measure': "
+                            "a one-thread matmul on this CPU")
+    for flag in ("--account", "--partition", "--time"):
+        scale.add_argument(flag, help=f"Slurm points: as `ddl submit {flag}`")
+    scale.add_argument("--dry-run", action="store_true", help="Slurm points: print the "
+                                                               "scripts, submit nothing")
+    report = sub.add_parser("report", help="scaling table, JSON, CSV and plots from "
+                                           "finished runs")
+    report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="finished runs, or a directory of them (a `ddl scale` output)")
+    report.add_argument("--output", type=Path, help="default: the runs' common parent")
+    report.add_argument("--peak-flops", metavar="FLOPS|measure",
+                        help="device peak for MFU instead of the one in results.json")
 
 
 def _container_parser(sub) -> None:
@@ -504,6 +532,48 @@ def cmd_container(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(ns: argparse.Namespace) -> int:
+    from ddl import report, scaling
+
+    if bool(ns.nprocs) == bool(ns.nodes):
+        raise UsageError("scale: give exactly one of --nprocs (local runs) or --nodes "
+                         "(Slurm jobs, with --site)")
+    flags = {k: v for k, v in vars(ns).items() if v is not None}
+    points = scaling.parse_points(ns.nprocs or ns.nodes, "--nprocs" if ns.nprocs else "--nodes")
+    peak = scaling.parse_peak(ns.peak_flops)
+    out = scaling.output_dir(ns.output, flags)
+    train_args = [*scaling.forwarded_flags(flags),
+                  scaling.batch_flag(flags, ns.scaling, points[0] if ns.nprocs else 1)]
+    if ns.nodes:
+        submit_args = [f"--{k.replace('_', '-')}={flags[k]}" for k in
+                       ("account", "partition", "time") if k in flags]
+        code = scaling.submit_slurm(points, train_args, out,
+                                    submit_args + (["--dry-run"] if ns.dry_run else []))
+        if code == 0 and not ns.dry_run:
+            print(f"ddl scale: when the jobs have finished: ddl report {out}")
+        return code
+    runs = scaling.run_local(points, train_args, out)
+    built = report.build(runs, peak)
+    print(report.format_table(built))
+    for path in report.write(built, out):
+        print(f"  {path}")
+    return 0
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    import os
+
+    from ddl import report, scaling
+
+    runs = report.expand(ns.run_dirs)
+    built = report.build(runs, scaling.parse_peak(ns.peak_flops))
+    out = ns.output or Path(os.path.commonpath([str(Path(d).resolve().parent) for d in runs]))
+    print(report.format_table(built))
+    for path in report.write(built, out):
+        print(f"  {path}")
+    return 0
+
+
 def cmd_doctor(ns: argparse.Namespace) -> int:
     from ddl.doctor import run_checks
 
@@ -511,7 +581,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": cmd_train, "prepare": cmd_prepare, "submit": cmd_submit,
-            "container": cmd_container,
+            "container": cmd_container, "scale": cmd_scale, "report": cmd_report,
             "plugins": cmd_plugins, "sites": cmd_sites, "doctor": cmd_doctor}
 
 
@@ -556,13 +626,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddl: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # The reader went away (`ddl sites | head -1`): not an error worth a traceback.
-        # Point stdout at devnull so the interpreter's final flush cannot fail again.
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
 
 
 if __name__ == "__main__":
