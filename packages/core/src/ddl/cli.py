@@ -626,6 +626,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`ddl sites | head -1`): not an error worth a traceback.
+        # Point stdout at devnull so the interpreter's final flush cannot fail again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
