@@ -82,6 +82,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-per-epoch", type=int, default=S,
                    help="cap on training steps per epoch (quick checks)")
     p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
+    p.add_argument("--profile", type=int, nargs="?", const=5, default=S, metavar="STEPS",
+                   help="trace STEPS training steps per rank with torch.profiler (default "
+                        "5, after 2 skipped): trace-rank<r>.json + a summary in results.json")
     p.add_argument("--checkpoint-every", type=int, default=S, metavar="STEPS",
                    help="optimizer steps between checkpoints (default: every epoch's end)")
     p.add_argument("--keep-checkpoints", type=int, default=S, metavar="K",

@@ -65,6 +65,8 @@ class RunConfig(BaseModel):
     workers: int | None = Field(None, ge=0, description="DataLoader workers per process")
     steps_per_epoch: int | None = Field(None, ge=1, description="cap on training steps per epoch")
     log_every: int = Field(50, ge=1, description="steps between progress lines")
+    profile: int = Field(0, ge=0, description="training steps traced by torch.profiler on "
+                         "every rank (0 = off; ddl.profiling)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ddl import checkpoint, mfu, rundir
+from ddl import checkpoint, mfu, profiling, rundir
 from ddl.control import StepGuard
 from ddl.config import RunConfig, resolve_batch, scaled_lr
 from ddl.data import eval_loader, train_loader
@@ -190,6 +190,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     epochs = _earlier_epochs(resumed_from, world, run_dir, first_epoch)
 
     guard = StepGuard(world, run_dir)
+    profiler = profiling.StepProfiler(config.profile, run_dir, world.rank, world.device.type)
+    profiler.start()
 
     def save_checkpoint(epoch: int, position: int) -> None:
         if config.keep_checkpoints == 0:
@@ -222,6 +224,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
             data_wait += time.perf_counter() - t_fetch
             loss, outputs = strategy.train_step(model, batch, workload, optimizer, precision)
             scheduler.step()
+            profiler.step()
             step += 1
             if outputs is not None:
                 with torch.no_grad():
@@ -267,6 +270,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
             rundir.append_jsonl(run_dir / rundir.METRICS, record)
         save_checkpoint(epoch + 1, 0)
 
+    profile = profiler.finish()
     model.eval()
     test_metrics = evaluate(eval_step, test_loader, workload, world)
     test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
@@ -286,6 +290,8 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     results["restarts"] = {"slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
                            "worker_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
     results["strategy_report"] = strategy_report
+    if profile is not None:
+        results["profile"] = gather(profile, world.size)
     results["mfu"] = mfu.summary(workload.flops_per_sample(), results["summary"]["samples_per_s"],
                                  world.size, mfu.site_peak(config.site, plugins),
                                  f"site profile {config.site}")
