@@ -1,0 +1,1 @@
+"""An example external ddl workload plugin (see docs/plugin-authors.md)."""
