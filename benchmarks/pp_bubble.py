@@ -131,9 +131,10 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
 
 
 def _align_step_window(strategy) -> dict:
-    """Make pp.py's step timer cover the same interval on every rank.
+    """Time the schedule inside barriers (pp.py itself now puts barriers around its step
+    timer; this inner window is kept for comparison with the earlier measurement).
 
-    pp.py times ``schedule.step`` on each rank from its own start to its own return. The
+    Before that fix pp.py timed ``schedule.step`` on each rank from its own start to its own return. The
     last stage returns as soon as its last backward is done, while the first stage still
     has (p-1) backwards to go: that tail is idle time the theory counts, but it falls after
     the last stage's timer (into the loss broadcast). Barriers before and after the schedule

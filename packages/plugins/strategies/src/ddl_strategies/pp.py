@@ -194,8 +194,12 @@ class PipelineStrategy(Strategy):
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
         self._compute = 0.0
+        # Every rank times the same window: the last stage finishes its part while the first
+        # still runs p-1 backwards, idle time that (p-1)/(m+p-1) counts on every rank.
+        dist.barrier()
         start = time.perf_counter()
         output, losses = self._run(self.schedule.step, inputs, targets, precision)
+        dist.barrier()
         wall = time.perf_counter() - start
         for param in self.params:  # the mean over microbatches, not their sum
             if param.grad is not None:
