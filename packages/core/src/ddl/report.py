@@ -25,7 +25,7 @@ from ddl.errors import DdlError, UsageError
 CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "speedup", "efficiency",
               "mfu", "batch_per_replica", "batch_global", "data_wait_s", "data_wait_fraction",
               "max_peak_rss_bytes", "max_model_state_bytes", "max_device_peak_allocated_bytes",
-              "cpu_percent_mean")
+              "cpu_percent_mean", "device_util_percent_mean")
 
 
 def read_results(run_dir: Path) -> dict[str, Any]:
@@ -66,11 +66,15 @@ def point(run_dir: Path, results: dict[str, Any],
     block = results.get("mfu") or {}
     peak = peak_override or block.get("peak_flops_per_device")
     memory = results.get("memory_per_rank") or []
-    util = results.get("utilisation") or {}
+    usage = results.get("utilisation") or []
 
     def most(key: str) -> int | None:
         values = [m[key] for m in memory if m.get(key) is not None]
         return max(values) if values else None
+
+    def mean_over_ranks(key: str) -> float | None:
+        values = [u[key] for u in usage if u.get(key) is not None]
+        return sum(values) / len(values) if values else None
 
     return {
         "devices": devices, "run_dir": str(run_dir),
@@ -87,7 +91,8 @@ def point(run_dir: Path, results: dict[str, Any],
         "max_peak_rss_bytes": most("peak_rss_bytes"),
         "max_model_state_bytes": most("model_state_bytes"),
         "max_device_peak_allocated_bytes": most("device_peak_allocated_bytes"),
-        "cpu_percent_mean": util.get("cpu_percent_mean"),
+        "cpu_percent_mean": mean_over_ranks("cpu_percent_mean"),
+        "device_util_percent_mean": mean_over_ranks("device_util_percent_mean"),
     }
 
 
@@ -181,11 +186,16 @@ def format_table(report: dict[str, Any]) -> str:
                 "(per-replica batch kept)" if report["scaling"] == "weak" else
                 "(batch sizes vary)"),
              f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'speedup':>8} {'effic.':>7} "
-             f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10}"]
+             f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} {'GPU %':>6}"]
     for p in report["points"]:
         mfu_text = f"{p['mfu']:.2%}" if p["mfu"] is not None else "-"
         rss = f"{p['max_peak_rss_bytes'] / 2**20:.0f}" if p["max_peak_rss_bytes"] else "-"
         lines.append(f"{p['devices']:>7} {p['epoch_time_s']:>9.2f} {p['samples_per_s']:>10.1f} "
                      f"{p['speedup']:>8.2f} {p['efficiency']:>7.1%} {mfu_text:>8} "
-                     f"{p['data_wait_fraction']:>9.1%} {rss:>10}")
+                     f"{p['data_wait_fraction']:>9.1%} {rss:>10} {_pct(p['cpu_percent_mean'])} "
+                     f"{_pct(p['device_util_percent_mean'])}")
     return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:>6.0f}" if value is not None else f"{'-':>6}"

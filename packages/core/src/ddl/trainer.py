@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ddl import checkpoint, mfu, profiling, rundir
+from ddl import checkpoint, mfu, profiling, rundir, utilisation
 from ddl.control import StepGuard
 from ddl.config import RunConfig, resolve_batch, scaled_lr
 from ddl.data import eval_loader, train_loader
@@ -192,6 +192,9 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     guard = StepGuard(world, run_dir)
     profiler = profiling.StepProfiler(config.profile, run_dir, world.rank, world.device.type)
     profiler.start()
+    usage = utilisation.Sampler(world.rank, world.device.type, world.device.index or 0,
+                                rocm=torch.version.hip is not None)
+    usage.start()
 
     def save_checkpoint(epoch: int, position: int) -> None:
         if config.keep_checkpoints == 0:
@@ -271,6 +274,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         save_checkpoint(epoch + 1, 0)
 
     profile = profiler.finish()
+    used = usage.stop()
     model.eval()
     test_metrics = evaluate(eval_step, test_loader, workload, world)
     test_metrics.update(workload.test_report(strategy.eval_model(model), splits["test"], world))
@@ -290,6 +294,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     results["restarts"] = {"slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
                            "worker_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}
     results["strategy_report"] = strategy_report
+    results["utilisation"] = gather(used, world.size)
     if profile is not None:
         results["profile"] = gather(profile, world.size)
     results["mfu"] = mfu.summary(workload.flops_per_sample(), results["summary"]["samples_per_s"],
