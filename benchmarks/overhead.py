@@ -1,0 +1,126 @@
+"""ddl's overhead: the same training under ddl, a plain hand-written DDP loop and an HF
+Accelerate loop, side by side in one invocation.
+
+Same workload and preset (the plugin's model, data, loss, optimizer and batch), same
+number of processes (gloo, one thread each) and steps. Every run trains two epochs of
+``--steps`` steps and times the second (the first carries one-off costs; ddl's rule). The
+three loops run alternately, ``--rounds`` times, so a busy moment of the shared machine hits
+them alike; the ratios are of the medians of the per-step times:
+
+    ddl/plain       target <= 1.05 (the exit code says whether each workload met it)
+    ddl/accelerate  reported
+
+    .venv/bin/python benchmarks/overhead.py                      # mnist and xsum, tiny
+    .venv/bin/python benchmarks/overhead.py --workloads mnist --rounds 3 --steps 20
+
+The reference loops are in benchmarks/reference/. ddl's timed epoch also computes the
+per-sample training metrics and steps the LR scheduler, which the plain loop does not:
+that is part of what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import describe  # noqa: E402
+
+RESULTS = HERE / "results" / "overhead.json"
+TARGET = 1.05
+PY = sys.executable
+DDL = str(Path(PY).with_name("ddl"))
+
+
+def _torchrun(script: str, nproc: int) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            str(HERE / "reference" / script)]
+
+
+def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, nproc: int,
+             work: Path) -> float:
+    """One training of ``kind``: the time per step of its second (timed) epoch."""
+    out = work / f"{kind}-{plugin}-{len(list(work.iterdir()))}"
+    common = ["--plugin", plugin, "--preset", preset, "--data-dir", str(data_dir)]
+    if kind == "ddl":
+        command = [DDL, "train", *common, f"--nproc={nproc}", "--epochs=2",
+                   f"--steps-per-epoch={steps}", "--keep-checkpoints=0", "--workers=0",
+                   f"--log-every={10 ** 6}", f"--run-dir={out}"]
+    else:
+        script = "plain_ddp.py" if kind == "plain" else "accelerate_loop.py"
+        command = [*_torchrun(script, nproc), *common, f"--steps={steps}", f"--out={out}.json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(HERE / "reference") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} ({plugin}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    if kind == "ddl":
+        results = json.loads((out / "results.json").read_text())
+        return results["epochs"][1]["time_s"] / results["steps_per_epoch"]
+    reported = json.loads(Path(f"{out}.json").read_text())
+    if kind == "accelerate" and (reported["num_processes"] != nproc
+                                 or reported["wrapper"] != "DistributedDataParallel"):
+        raise SystemExit(f"the Accelerate loop did not run data-parallel: {reported}")
+    return reported["step_time_s"]
+
+
+def prepare(plugin: str, data_root: Path) -> Path:
+    data_dir = data_root / plugin
+    subprocess.run([DDL, "prepare", "--plugin", plugin, "--synthetic", "--data-dir",
+                    str(data_dir)], check=True, capture_output=True)
+    return data_dir
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="mnist,xsum", help="plugins, tiny preset each")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    kinds = ("ddl", "plain", "accelerate")
+    report = {"benchmark": "overhead", "preset": args.preset, "rounds": args.rounds,
+              "steps_per_epoch": args.steps, "nproc": args.nproc, "target_ddl_over_plain":
+              TARGET, "workloads": {}, "machine": describe()}
+    met = True
+    with tempfile.TemporaryDirectory(prefix="ddl-overhead-") as tmp:
+        work = Path(tmp)
+        for plugin in args.workloads.split(","):
+            data_dir = prepare(plugin, work / "data")
+            runs = work / plugin
+            runs.mkdir()
+            times: dict[str, list[float]] = {k: [] for k in kinds}
+            for r in range(args.rounds):
+                order = kinds[r % 3:] + kinds[:r % 3]  # rotate who goes first
+                for kind in order:
+                    times[kind].append(run_once(kind, plugin, args.preset, data_dir,
+                                                args.steps, args.nproc, runs))
+                print(f"{plugin} round {r + 1}: " + ", ".join(
+                    f"{k} {times[k][-1] * 1e3:.1f} ms/step" for k in kinds), flush=True)
+            median = {k: statistics.median(v) for k, v in times.items()}
+            row = {"step_time_s": times, "median_step_time_s": median,
+                   "ddl_over_plain": median["ddl"] / median["plain"],
+                   "ddl_over_accelerate": median["ddl"] / median["accelerate"]}
+            row["met"] = row["ddl_over_plain"] <= TARGET
+            met &= row["met"]
+            report["workloads"][plugin] = row
+            print(f"{plugin}: ddl/plain {row['ddl_over_plain']:.3f} (target <= {TARGET}: "
+                  f"{'met' if row['met'] else 'MISSED'}), ddl/accelerate "
+                  f"{row['ddl_over_accelerate']:.3f}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"results: {args.out}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The same loop written for HF Accelerate (Accelerator(cpu=True) under torchrun), two
+epochs, the second timed; see benchmarks/overhead.py."""
+
+import time
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from common import arguments, report, workload
+
+
+def main():
+    args = arguments()
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(args.seed)
+    wl, preset = workload(args.plugin, args.preset)
+    train = wl.datasets(args.data_dir)["train"]
+    loader = DataLoader(train, batch_size=preset.batch_size, shuffle=True, drop_last=True)
+    model = wl.build_model()
+    optimizer = wl.optimizer(model.parameters(), preset.lr)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    epoch_times = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        model.train()
+        t0 = time.perf_counter()
+        batches = iter(loader)
+        for _ in range(args.steps):
+            inputs, targets = next(batches)
+            optimizer.zero_grad()
+            loss = wl.loss(wl.forward(model, inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+        epoch_times.append(time.perf_counter() - t0)
+    if accelerator.is_main_process:
+        # that it really ran data-parallel: several processes, the model wrapped in DDP
+        report(args.out, epoch_times, args.steps,
+               distributed_type=str(accelerator.distributed_type),
+               num_processes=accelerator.num_processes, wrapper=type(model).__name__)
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()

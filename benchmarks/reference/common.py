@@ -1,0 +1,31 @@
+"""What the reference loops share with ddl: the plugin's model, data, loss and optimizer
+(same workload and preset), and how a loop reports its timing to benchmarks/overhead.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def arguments() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--plugin", default="mnist")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument("--steps", type=int, required=True, help="steps per epoch (2 epochs)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=1)
+    return p.parse_args()
+
+
+def workload(plugin: str, preset: str):
+    from ddl.plugins import Plugins
+
+    spec = Plugins().workload(plugin)
+    return spec.create(spec.presets[preset]), spec.presets[preset]
+
+
+def report(out: Path, epoch_times: list[float], steps: int, **extra) -> None:
+    out.write_text(json.dumps({"epoch_time_s": epoch_times, "steps_per_epoch": steps,
+                               "step_time_s": epoch_times[-1] / steps, **extra}) + "\n")

@@ -1,0 +1,49 @@
+"""The reference: a plain hand-written PyTorch DDP training loop in the courses' style
+(init_process_group, DistributedSampler, DDP, forward/backward/step), two epochs, the
+second timed. Started by torchrun; see benchmarks/overhead.py."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from common import arguments, report, workload
+
+
+def main():
+    args = arguments()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(args.seed)
+    wl, preset = workload(args.plugin, args.preset)
+    train = wl.datasets(args.data_dir)["train"]
+    sampler = DistributedSampler(train, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(train, batch_size=preset.batch_size, sampler=sampler, drop_last=True)
+    model = DDP(wl.build_model())
+    optimizer = wl.optimizer(model.parameters(), preset.lr)
+    device = torch.device("cpu")
+    epoch_times = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        model.train()
+        t0 = time.perf_counter()
+        batches = iter(loader)
+        for _ in range(args.steps):
+            inputs, targets = wl.to_device(next(batches), device)
+            optimizer.zero_grad()
+            loss = wl.loss(wl.forward(model, inputs), targets)
+            loss.backward()
+            optimizer.step()
+        epoch_times.append(time.perf_counter() - t0)
+    if rank == 0:
+        report(args.out, epoch_times, args.steps)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
