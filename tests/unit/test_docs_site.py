@@ -60,8 +60,9 @@ def test_a_new_flag_or_profile_key_makes_them_stale(monkeypatch):
 
 def test_site_builds_without_warnings(tmp_path):
     proc = _mkdocs_build(REPO, tmp_path / "site")
-    assert proc.returncode == 0, proc.stderr
-    assert "WARNING" not in proc.stderr, proc.stderr
+    hint = "\n(a new page under docs/ needs an entry in mkdocs.yml's nav)"
+    assert proc.returncode == 0, proc.stderr + hint
+    assert "WARNING" not in proc.stderr, proc.stderr + hint
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
     assert (tmp_path / "site" / "plugin-authors" / "index.html").is_file()
 
