@@ -27,7 +27,7 @@ def main():
         t0 = time.perf_counter()
         batches = iter(loader)
         for _ in range(args.steps):
-            inputs, targets = next(batches)
+            inputs, targets = wl.to_device(next(batches), accelerator.device)
             optimizer.zero_grad()
             loss = wl.loss(wl.forward(model, inputs), targets)
             accelerator.backward(loss)
