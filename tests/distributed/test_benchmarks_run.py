@@ -32,10 +32,25 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
 def test_cli_startup_benchmark_writes_medians(tmp_path):
     out = tmp_path / "startup.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cli_startup.py"),
-                           "--repeats", "3", "--out", str(out)], cwd=REPO,
+                           "--repeats", "3", "--first-step-repeats", "1", "--out", str(out)],
+                          cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    commands = json.loads(out.read_text())["commands"]
+    result = json.loads(out.read_text())
+    assert len(result["time_to_first_step"]["runs_s"]) == 1
+    commands = result["commands"]
     assert set(commands) == {"ddl --help", "ddl submit --dry-run"}
     for row in commands.values():
         assert len(row["runs_s"]) == 3 and row["min_s"] <= row["median_s"] <= row["max_s"]
+
+
+def test_data_loading_benchmark_reports_images_per_second(tmp_path):
+    out = tmp_path / "loading.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "data_loading.py"),
+                           "--preset", "tiny", "--workers", "0,1", "--batches", "2",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert [r["workers"] for r in result["runs"]] == [0, 1]
+    assert all(r["images_per_s"] > 0 for r in result["runs"]) and result["synthetic"]

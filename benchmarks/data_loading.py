@@ -1,0 +1,90 @@
+"""Data-loading throughput of the imagewoof pipeline: images/s, and per worker, for a range
+of DataLoader worker counts.
+
+The real pipeline (JPEG decode, random resized crop, flip, normalise; the workload's own
+datasets) on the synthetic Imagewoof the project generates in the official folder format,
+read with the preset's batch size and no model, so only loading is timed. The first
+``--warmup`` batches of each setting are not timed (worker start-up, page cache).
+
+    .venv/bin/python benchmarks/data_loading.py                  # course preset, 0,1,2 workers
+    .venv/bin/python benchmarks/data_loading.py --preset tiny --workers 0,2 --batches 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import describe  # noqa: E402
+
+RESULTS = HERE / "results" / "data_loading.json"
+
+
+def throughput(dataset, batch_size: int, workers: int, batches: int, warmup: int) -> float:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                        drop_last=True)
+    it = iter(loader)
+    for _ in range(warmup):
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * batch_size / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="course")
+    parser.add_argument("--workers", default="0,1,2")
+    parser.add_argument("--batches", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--data-dir", type=Path, help="default: a fresh synthetic copy")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # like one rank of a local run; workers are the variable
+    from ddl.plugins import Plugins
+
+    spec = Plugins().workload("imagewoof")
+    preset = spec.presets[args.preset]
+    workload = spec.create(preset)
+    with tempfile.TemporaryDirectory(prefix="ddl-loading-") as tmp:
+        data_dir = args.data_dir or Path(tmp) / "imagewoof"
+        if args.data_dir is None:
+            subprocess.run([str(Path(sys.executable).with_name("ddl")), "prepare", "--plugin",
+                            "imagewoof", "--synthetic", "--data-dir", str(data_dir)],
+                           check=True, capture_output=True)
+        train = workload.datasets(data_dir)["train"]
+        needed = (args.batches + args.warmup) * preset.batch_size
+        if len(train) < needed:
+            raise SystemExit(f"{len(train)} training images, {needed} needed; use fewer "
+                             "--batches or a larger preset")
+        rows = []
+        for workers in (int(w) for w in args.workers.split(",")):
+            rate = throughput(train, preset.batch_size, workers, args.batches, args.warmup)
+            rows.append({"workers": workers, "images_per_s": rate,
+                         "images_per_s_per_worker": rate / max(workers, 1)})
+            print(f"{workers} worker(s): {rate:.0f} images/s "
+                  f"({rate / max(workers, 1):.0f} per worker)", flush=True)
+    result = {"benchmark": "data_loading", "workload": "imagewoof", "preset": args.preset,
+              "image_size": workload.image_size, "batch_size": preset.batch_size,
+              "batches": args.batches, "synthetic": args.data_dir is None, "runs": rows,
+              "machine": describe()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
