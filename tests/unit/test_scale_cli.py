@@ -19,6 +19,8 @@ pytestmark = pytest.mark.unit
     (["--nprocs", "1,2", "--scaling", "strong", "--batch-size", "8"], "strong scaling"),
     (["--nprocs", "1,2", "--peak-flops", "fast"], "--peak-flops"),
     (["--nprocs", "1,2", "--preset", "huge"], "--preset"),
+    (["--nprocs", "1,2", "--account", "proj"], "only for Slurm points"),
+    (["--nprocs", "1,2", "--dry-run"], "only for Slurm points"),
 ])
 def test_scale_bad_input(args, needle, tmp_path):
     proc = run_ddl("scale", "--plugin", "mnist", *args, "--output", str(tmp_path / "s"))

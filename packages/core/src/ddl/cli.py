@@ -538,10 +538,8 @@ def cmd_container(ns: argparse.Namespace) -> int:
 def cmd_scale(ns: argparse.Namespace) -> int:
     from ddl import report, scaling
 
-    if bool(ns.nprocs) == bool(ns.nodes):
-        raise UsageError("scale: give exactly one of --nprocs (local runs) or --nodes "
-                         "(Slurm jobs, with --site)")
     flags = {k: v for k, v in vars(ns).items() if v is not None}
+    scaling.check_mode(flags)
     points = scaling.parse_points(ns.nprocs or ns.nodes, "--nprocs" if ns.nprocs else "--nodes")
     peak = scaling.parse_peak(ns.peak_flops)
     out = scaling.output_dir(ns.output, flags)

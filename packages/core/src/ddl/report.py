@@ -97,7 +97,10 @@ def point(run_dir: Path, results: dict[str, Any],
 
 
 def scaling_kind(points: list[dict[str, Any]]) -> str:
-    """'strong' (same global batch), 'weak' (same per-replica batch), or 'mixed'."""
+    """'strong' (same global batch), 'weak' (same per-replica batch), 'mixed', or
+    'single point'."""
+    if len(points) == 1:
+        return "single point"
     if len({p["batch_global"] for p in points}) == 1:
         return "strong"
     if len({p["batch_per_replica"] for p in points}) == 1:
@@ -151,7 +154,8 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
     n = [p["devices"] for p in points]
     base = points[0]
     title = (f"{report['plugin']} ({report['preset']}), {report['strategy']}, "
-             f"{report['scaling']} scaling")
+             f"{report['scaling']}" + (" scaling" if report["scaling"] in ("weak", "strong")
+                                       else ""))
     ideal_throughput = [base["samples_per_s"] * d / base["devices"] for d in n]
     ideal_speedup = [d / base["devices"] for d in n]
     figures = [
@@ -180,11 +184,11 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = [f"{report['plugin']} ({report['preset']}) with {report['strategy']}: "
-             f"{report['scaling']} scaling "
-             + ("(global batch kept)" if report["scaling"] == "strong" else
-                "(per-replica batch kept)" if report["scaling"] == "weak" else
-                "(batch sizes vary)"),
+    how = {"strong": "strong scaling (global batch kept)",
+           "weak": "weak scaling (per-replica batch kept)",
+           "mixed": "batch sizes vary (neither weak nor strong scaling)",
+           "single point": "a single run"}[report["scaling"]]
+    lines = [f"{report['plugin']} ({report['preset']}) with {report['strategy']}: {how}",
              f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'speedup':>8} {'effic.':>7} "
              f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} {'GPU %':>6}"]
     for p in report["points"]:

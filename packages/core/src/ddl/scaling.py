@@ -27,6 +27,19 @@ OWN = ("command", "nprocs", "nodes", "scaling", "output", "peak_flops", "account
        "partition", "time", "dry_run", "nproc", "run_dir", "batch_size", "global_batch_size")
 
 
+def check_mode(flags: dict[str, Any]) -> None:
+    """Local points or Slurm points, and the Slurm-only flags only with the latter."""
+    if ("nprocs" in flags) == ("nodes" in flags):
+        raise UsageError("scale: give exactly one of --nprocs (local runs) or --nodes "
+                         "(Slurm jobs, with --site)")
+    if "nprocs" in flags:
+        given = [f"--{k.replace('_', '-')}" for k in ("account", "partition", "time")
+                 if k in flags] + (["--dry-run"] if flags.get("dry_run") else [])
+        if given:
+            raise UsageError(f"{given[0]}: only for Slurm points (--nodes); local points "
+                             "(--nprocs) run here and now")
+
+
 def parse_points(text: str, flag: str) -> list[int]:
     try:
         points = [int(part) for part in text.split(",")]
