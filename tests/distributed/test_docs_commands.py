@@ -20,7 +20,7 @@ from conftest import REPO
 
 pytestmark = pytest.mark.distributed
 
-PAGES = ["docs/getting-started.md"]  # pages whose marked blocks run here
+PAGES = ["docs/getting-started.md", "docs/tutorial.md"]  # pages whose marked blocks run here
 MARKER = "<!-- runnable-on-cpu -->"
 BLOCK = re.compile(re.escape(MARKER) + r"\n```(?:sh|bash|console)\n(.*?)\n```", re.S)
 
