@@ -20,6 +20,7 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: target missed
+    assert out.exists(), proc.stdout + proc.stderr  # a crash also exits 1: show why
     result = json.loads(out.read_text())
     row = result["workloads"]["mnist"]
     times = row["median_step_time_s"]

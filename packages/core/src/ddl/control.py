@@ -14,6 +14,7 @@ even on a parallel file system.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -72,10 +73,17 @@ class StepGuard:
         bad = flags[:-1].nonzero().flatten().tolist()
         if bad:
             ranks = ", ".join(str(r) for r in bad[:8]) + (" ..." if len(bad) > 8 else "")
-            raise TrainingDiverged(
-                f"non-finite loss at step {step} (epoch {epoch}, batch {batch}) on rank(s) "
-                f"{ranks}; last good checkpoint: {last_checkpoint() or 'none'}; lower the "
-                "learning rate (--lr) or check the data, then resume from that checkpoint")
+            message = (f"non-finite loss at step {step} (epoch {epoch}, batch {batch}) on "
+                       f"rank(s) {ranks}; last good checkpoint: {last_checkpoint() or 'none'}; "
+                       "lower the learning rate (--lr) or check the data, then resume from "
+                       "that checkpoint")
+            # Rank 0 says it before anyone leaves: a rank that exits first makes the launcher
+            # stop the others, which could cut rank 0 off mid-sentence.
+            if self.world.is_main:
+                print(f"ddl: error: {message}", file=sys.stderr, flush=True)
+            if self.world.size > 1:
+                dist.barrier()
+            raise TrainingDiverged(message)
         if flags[-1].item():
             return "SIGUSR1" if self._signalled else f"{self.stop_file} found"
         return None

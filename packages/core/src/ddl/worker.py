@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
               f"({_first_line(exc)})", file=sys.stderr, flush=True)
         return 1
     except DdlError as exc:
-        if getattr(exc, "once", False):  # every rank knows it; rank 0 says it
-            if rank == 0:
-                print(f"ddl: error: {exc}", file=sys.stderr, flush=True)
-            return exc.exit_code
+        if getattr(exc, "once", False):
+            # Every rank knows it and rank 0 has said it; leave at once, without the
+            # teardown during which the launcher's SIGTERM to slower ranks adds noise.
+            exit_now(exc.exit_code)
         print(f"ddl: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     return 0
