@@ -5,10 +5,10 @@ The timeline is the theory: p stages, m microbatches, every stage taking f for a
 and b = 2f for a backward (the ratio changes the picture, not the fraction: the idle share
 of each stage is (p-1)/(m+p-1) for any f and b). The bars beside it are read from real
 runs: a `ddl train --strategy pp` results.json (its `strategy_report`) and, optionally,
-`benchmarks/results/pp_bubble.json` (the run with the same schedule, p and m).
+`benchmarks/results/pp_bubble-accelerator.json` (the run with the same schedule, p and m).
 
     python scripts/plot_pipeline_schedule.py --run runs/pp/results.json \
-        [--benchmark benchmarks/results/pp_bubble.json] [--output docs/img/pipeline-gpipe.png]
+        [--benchmark benchmarks/results/pp_bubble-accelerator.json] [--output docs/img/pipeline-gpipe.png]
 
 matplotlib only; no torch.
 """
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="results.json of a pp run")
     parser.add_argument("--run-label", default="MNIST tiny", help="name of the run in the bars")
-    parser.add_argument("--benchmark", type=Path, help="benchmarks/results/pp_bubble.json")
+    parser.add_argument("--benchmark", type=Path, help="benchmarks/results/pp_bubble-accelerator.json")
     parser.add_argument("--output", type=Path, default=Path("docs/img/pipeline-gpipe.png"))
     args = parser.parse_args(argv)
     report = run_bubble(args.run)
