@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 from ddl import __version__
@@ -240,6 +241,25 @@ def _flags(ns: argparse.Namespace) -> dict[str, Any]:
     return flags
 
 
+def train_arguments(flags: dict[str, Any], leave_out: Collection[str] = ()) -> list[str]:
+    """Parsed train flags written back as ``--key=value`` for a ``ddl train`` that starts
+    elsewhere (a batch job, a point of ``ddl scale``): paths are made absolute because
+    that run may start in another directory."""
+    args = []
+    for key, value in flags.items():
+        if key in leave_out:
+            continue
+        if key == "strategy_options":  # a dict, or the (key, value) pairs argparse made
+            args += [f"--strategy-option={k}={v}" for k, v in dict(value).items()]
+            continue
+        if key == "mesh":
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, Path):
+            value = value.resolve()
+        args.append(f"--{key.replace('_', '-')}={value}")
+    return args
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     import os
 
@@ -381,20 +401,8 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
                          + ", ".join(n for n in _slurm_sites(plugins)))
     # The job gets the user's own flags (site, launcher, nproc, run dir are set by ddl).
-    forwarded = []
-    for key, value in flags.items():
-        if key in ("site", "launcher", "nproc", "run_dir"):
-            continue
-        if key == "strategy_options":
-            forwarded += [f"--strategy-option={k}={v}" for k, v in value.items()]
-            continue
-        if key == "mesh":
-            value = ",".join(f"{k}={v}" for k, v in value.items())
-        if isinstance(value, Path):
-            value = value.resolve()
-        forwarded.append(f"--{key.replace('_', '-')}={value}")
-    if "config" in ns:
-        forwarded.insert(0, f"--config={Path(ns.config).resolve()}")
+    given = {"config": ns.config, **flags} if "config" in ns else flags
+    forwarded = train_arguments(given, leave_out=("site", "launcher", "nproc", "run_dir"))
     output_dir = ns.output_dir.resolve()
     request = SubmitRequest(
         nodes=ns.nodes, launcher=launcher, train_args=forwarded, plugin=config.plugin,
@@ -543,7 +551,7 @@ def cmd_scale(ns: argparse.Namespace) -> int:
     points = scaling.parse_points(ns.nprocs or ns.nodes, "--nprocs" if ns.nprocs else "--nodes")
     peak = scaling.parse_peak(ns.peak_flops)
     out = scaling.output_dir(ns.output, flags)
-    train_args = [*scaling.forwarded_flags(flags),
+    train_args = [*train_arguments(flags, leave_out=scaling.OWN),
                   scaling.batch_flag(flags, ns.scaling, points[0] if ns.nprocs else 1)]
     if ns.nodes:
         submit_args = [f"--{k.replace('_', '-')}={flags[k]}" for k in

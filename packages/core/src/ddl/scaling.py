@@ -70,25 +70,6 @@ def parse_peak(text: str | None) -> float | None:
     return value
 
 
-def forwarded_flags(flags: dict[str, Any]) -> list[str]:
-    """The train flags the user gave, as --key=value for each run."""
-    args = []
-    for key, value in flags.items():
-        if key in OWN:
-            continue
-        if key == "config":
-            value = Path(value).resolve()
-        if key == "strategy_options":
-            args += [f"--strategy-option={k}={v}" for k, v in value]
-            continue
-        if key == "mesh":
-            value = ",".join(f"{k}={v}" for k, v in value.items())
-        if isinstance(value, Path):
-            value = value.resolve()
-        args.append(f"--{key.replace('_', '-')}={value}")
-    return args
-
-
 def batch_flag(flags: dict[str, Any], scaling: str, smallest_replicas: int) -> str:
     """The batch flag every point gets, so the chosen rule holds across points."""
     if scaling == "weak":
