@@ -13,15 +13,21 @@ from conftest import REPO
 pytestmark = pytest.mark.distributed
 
 
-def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
-    out = tmp_path / "overhead.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "overhead.py"),
-                           "--workloads", "mnist", "--rounds", "1", "--steps", "3",
+def _run_benchmark(script: str, out, *args: str, timeout: float,
+                   exit_codes=(0, 1)) -> dict:
+    """Run benchmarks/<script> writing its JSON to ``out``; exit code 1 means a speed
+    target was missed, which is the benchmark's verdict, not the test's."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args,
                            "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: target missed
+                          timeout=timeout)
+    assert proc.returncode in exit_codes, proc.stdout + proc.stderr
     assert out.exists(), proc.stdout + proc.stderr  # a crash also exits 1: show why
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
+    result = _run_benchmark("overhead.py", tmp_path / "overhead.json", "--workloads", "mnist",
+                            "--rounds", "1", "--steps", "3", timeout=900)
     row = result["workloads"]["mnist"]
     times = row["median_step_time_s"]
     assert set(times) == {"ddl", "plain", "accelerate"} and min(times.values()) > 0
@@ -31,13 +37,8 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
 
 
 def test_cli_startup_benchmark_writes_medians(tmp_path):
-    out = tmp_path / "startup.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cli_startup.py"),
-                           "--repeats", "3", "--first-step-repeats", "1", "--out", str(out)],
-                          cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    result = _run_benchmark("cli_startup.py", tmp_path / "startup.json", "--repeats", "3",
+                            "--first-step-repeats", "1", timeout=300)
     assert len(result["time_to_first_step"]["runs_s"]) == 1
     commands = result["commands"]
     assert set(commands) == {"ddl --help", "ddl submit --dry-run"}
@@ -46,12 +47,9 @@ def test_cli_startup_benchmark_writes_medians(tmp_path):
 
 
 def test_data_loading_benchmark_reports_images_per_second(tmp_path):
-    out = tmp_path / "loading.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "data_loading.py"),
-                           "--preset", "tiny", "--workers", "0,1", "--batches", "2",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    result = _run_benchmark("data_loading.py", tmp_path / "loading.json", "--preset", "tiny",
+                            "--workers", "0,1", "--batches", "2", timeout=300,
+                            exit_codes=(0,))  # no target: any failure is a failure
     assert [r["workers"] for r in result["runs"]] == [0, 1]
     assert all(r["images_per_s"] > 0 for r in result["runs"]) and result["synthetic"]
+    assert result["benchmark"] == "data_loading" and result["batch_size"] > 0

@@ -17,27 +17,36 @@ def loader_throughput(data_dir: Path | str, workers: int, n_batches: int, *,
                       seed: int = 0) -> float:
     """Images per second from the training DataLoader over ``n_batches`` batches, after
     ``warmup_batches`` (worker start-up, first file opens) that are not timed."""
-    import torch
-    from torch.utils.data import DataLoader, RandomSampler
-
     from ddl.specs import Preset
     from ddl_imagewoof.workload import ImagewoofWorkload
 
-    if n_batches < 1 or workers < 0 or batch_size < 1:
-        raise ValueError("need n_batches >= 1, workers >= 0, batch_size >= 1")
     preset = Preset(name="bench", summary="loader benchmark", epochs=1, batch_size=batch_size,
                     lr=1e-3, options={"image_size": image_size})
     train = ImagewoofWorkload(preset).datasets(Path(data_dir))["train"]
+    return dataset_throughput(train, workers, n_batches, batch_size=batch_size,
+                              warmup_batches=warmup_batches, seed=seed)
+
+
+def dataset_throughput(dataset, workers: int, n_batches: int, *, batch_size: int,
+                       warmup_batches: int = 2, seed: int = 0) -> float:
+    """Samples per second a DataLoader over ``dataset`` delivers; samples are drawn with
+    replacement, so any dataset size serves any number of batches."""
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+
+    if n_batches < 1 or workers < 0 or batch_size < 1 or warmup_batches < 0:
+        raise ValueError("need n_batches >= 1, workers >= 0, batch_size >= 1, "
+                         "warmup_batches >= 0")
     generator = torch.Generator().manual_seed(seed)
     total = (n_batches + warmup_batches) * batch_size
-    sampler = RandomSampler(train, replacement=True, num_samples=total, generator=generator)
-    loader = DataLoader(train, batch_size=batch_size, sampler=sampler, num_workers=workers,
+    sampler = RandomSampler(dataset, replacement=True, num_samples=total, generator=generator)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         drop_last=True)
     batches = iter(loader)
     for _ in range(warmup_batches):
         next(batches)
     start = time.perf_counter()
-    images = 0
+    samples = 0
     for inputs, _ in batches:
-        images += inputs.shape[0]
-    return images / (time.perf_counter() - start)
+        samples += inputs.shape[0]
+    return samples / (time.perf_counter() - start)
