@@ -9,15 +9,20 @@ from conftest import run_ddl
 pytestmark = pytest.mark.distributed
 
 
+def _profiled_run(run_dir, data_dir, nproc: int, steps: int, profile: int) -> list[dict]:
+    """One epoch of MNIST tiny with --profile; the per-rank summaries from results.json."""
+    proc = run_ddl("train", "--plugin", "mnist", "--preset", "tiny", "--nproc", str(nproc),
+                   "--epochs", "1", "--steps-per-epoch", str(steps), "--profile", str(profile),
+                   "--data-dir", str(data_dir), "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((run_dir / "results.json").read_text())["profile"]
+
+
 def test_profiled_run_writes_one_readable_trace_per_rank(tmp_path, synthetic_mnist):
     run_dir = tmp_path / "run"
-    proc = run_ddl("train", "--plugin", "mnist", "--preset", "tiny", "--nproc", "2",
-                   "--epochs", "1", "--steps-per-epoch", "5", "--profile", "2",
-                   "--data-dir", str(synthetic_mnist), "--run-dir", str(run_dir))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    results = json.loads((run_dir / "results.json").read_text())
-    assert [p["rank"] for p in results["profile"]] == [0, 1]
-    for rank, summary in enumerate(results["profile"]):
+    profile = _profiled_run(run_dir, synthetic_mnist, nproc=2, steps=5, profile=2)
+    assert [p["rank"] for p in profile] == [0, 1]
+    for rank, summary in enumerate(profile):
         trace = json.loads((run_dir / f"trace-rank{rank}.json").read_text())
         names = {e.get("name", "") for e in trace["traceEvents"]}
         # the profiled steps: 2 of them, after the skipped and the warm-up step
@@ -31,12 +36,7 @@ def test_profiled_run_writes_one_readable_trace_per_rank(tmp_path, synthetic_mni
 
 
 def test_profile_longer_than_the_run_says_so(tmp_path, synthetic_mnist):
-    run_dir = tmp_path / "run"
-    proc = run_ddl("train", "--plugin", "mnist", "--preset", "tiny", "--nproc", "1",
-                   "--epochs", "1", "--steps-per-epoch", "1", "--profile", "3",
-                   "--data-dir", str(synthetic_mnist), "--run-dir", str(run_dir))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (summary,) = json.loads((run_dir / "results.json").read_text())["profile"]
+    (summary,) = _profiled_run(tmp_path / "run", synthetic_mnist, nproc=1, steps=1, profile=3)
     assert summary["trace"] is None and "nothing was profiled" in summary["note"]
 
 
