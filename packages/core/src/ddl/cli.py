@@ -460,31 +460,10 @@ def _slurm_sites(plugins) -> list[str]:
 
 
 def cmd_plugins(ns: argparse.Namespace) -> int:
+    from ddl import plugin_listing
     from ddl.plugins import Plugins
 
-    plugins = Plugins()
-    workloads, strategies = plugins.workloads(), plugins.strategies()
-    print("Workloads (--plugin):")
-    for spec in workloads.values():
-        presets = ", ".join(p + (" (default)" if p == spec.default_preset else "")
-                            for p in spec.presets)
-        print(f"  {spec.name:<12} {spec.summary}")
-        print(f"  {'':<12} presets: {presets}; from {plugins.version_of(spec.plugin) or spec.plugin}")
-    print("Strategies (--strategy):")
-    for spec in strategies.values():
-        print(f"  {spec.name:<12} {spec.summary}; from "
-              f"{plugins.version_of(spec.plugin) or spec.plugin}")
-    if workloads and strategies:
-        print("Support (workload x strategy):")
-        names = list(strategies)
-        widths = [max(len(n), 3) for n in names]
-        print("  " + " " * 13 + " ".join(f"{n:<{w}}" for n, w in zip(names, widths)))
-        for wl in sorted(workloads.values(), key=lambda spec: spec.name):
-            cells = " ".join(f"{'yes' if strategies[n].supports(wl) else '-':<{w}}"
-                             for n, w in zip(names, widths))
-            print(f"  {wl.name:<12} {cells}")
-    for info in plugins.broken:
-        print(f"BROKEN plugin {info.name!r} ({info.source}): {info.error}")
+    print("\n".join(plugin_listing.render(Plugins())))
     return 0
 
 
