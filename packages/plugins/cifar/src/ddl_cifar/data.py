@@ -23,29 +23,23 @@ Three things live here, without importing torch:
   * `write_synthetic` - a learnable generated set of 10 shape classes (see `_render`);
   * `download` - the real data via torchvision (official tarball, md5-checked), login nodes.
 
-Both writers build the new directory in a temporary sibling and rename it into place, so an
-interrupted run never leaves half a data set behind.
+Both writers build the new directory in a temporary sibling and rename it into place
+(`ddl.datafiles`), so an interrupted run never leaves half a data set behind.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import io
 import math
-import os
 import pickle
-import re
 import shutil
-import socket
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ddl import datafiles
 from ddl.errors import DataError, DataMissing, DdlError
 
 BASE_FOLDER = "cifar-10-batches-py"
@@ -68,7 +62,7 @@ OFFICIAL_MD5 = {
 TARBALL_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 TARBALL_MD5 = "c58f30108f718f92721af3b95e74349a"
 
-MARKER = "SYNTHETIC.txt"
+MARKER = datafiles.MARKER
 MANIFEST = "synthetic.md5"
 SIDE = 32
 REAL_LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
@@ -87,35 +81,22 @@ def cifar_dir(data_dir: Path) -> Path:
 
 
 def fix_hint(data_dir: Path) -> str:
-    return (f"run `ddl prepare --plugin cifar --data-dir {data_dir}` on a login node "
-            "(or add --synthetic for generated data)")
+    return datafiles.prepare_hint("cifar", data_dir)
 
 
 def is_synthetic(data_dir: Path) -> bool:
-    return (cifar_dir(data_dir) / MARKER).is_file()
-
-
-def md5_of(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return datafiles.is_synthetic(cifar_dir(data_dir))
 
 
 def read_manifest(data_dir: Path) -> dict[str, str]:
     """The md5 sums a synthetic set was written with (DataError if unusable)."""
     path = cifar_dir(data_dir) / MANIFEST
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except OSError as e:
         raise DataError(f"cannot read {path} (the synthetic set's md5 list): "
                         f"{e.strerror or e}; {fix_hint(data_dir)}") from None
-    sums = {}
-    for line in lines:
-        match = re.fullmatch(r"([0-9a-f]{32}) [ *](\S+)", line.strip())
-        if match:
-            sums[match.group(2)] = match.group(1)
+    sums = datafiles.parse_md5_manifest(text)
     missing = [name for name in ALL_FILES if name not in sums]
     if missing:
         raise DataError(f"corrupt file {path}: no md5 for {missing[0]}; {fix_hint(data_dir)}")
@@ -154,7 +135,7 @@ def check_files(data_dir: Path) -> None:
             raise DataError(f"missing file {path} (the CIFAR-10 data is incomplete); "
                             f"{fix_hint(data_dir)}")
         try:
-            found = md5_of(path)
+            found = datafiles.md5_of(path)
         except OSError as e:
             raise DataError(f"cannot read {path}: {e.strerror or e}; {fix_hint(data_dir)}") \
                 from None
@@ -219,44 +200,6 @@ def _meta_blob(per_batch: int, label_names: list[str]) -> bytes:
     return _py2_pickle({b"num_cases_per_batch": per_batch,
                         b"label_names": [n.encode() for n in label_names],
                         b"num_vis": 3 * SIDE * SIDE})
-
-
-# ---------------------------------------------------------------------------
-# Installing a new directory
-# ---------------------------------------------------------------------------
-
-
-def _holds_files(path: Path) -> bool:
-    return path.exists() and any(p.is_file() or p.is_symlink() for p in path.rglob("*"))
-
-
-def _install(new_dir: Path, data_dir: Path) -> None:
-    """Rename a fully written cifar-10-batches-py into place, replacing any old one: the old
-    one is moved aside first and deleted only after the new one is in place."""
-    target = cifar_dir(data_dir)
-    if not target.exists():
-        os.rename(new_dir, target)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=".cifar-old-", dir=data_dir))
-    os.rename(target, aside / BASE_FOLDER)
-    os.rename(new_dir, target)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _make_data_dir(data_dir: Path) -> None:
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create data directory {data_dir}: {e.strerror or e}") from None
-    if not os.access(data_dir, os.W_OK):
-        raise DataError(f"data directory {data_dir} is not writable")
-
-
-def _fsync_write(path: Path, blob: bytes) -> None:
-    with open(path, "wb") as f:  # fsync: after the rename the bytes are on disk, not just the name
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # ---------------------------------------------------------------------------
@@ -416,14 +359,9 @@ def write_synthetic(data_dir: Path, train_size: int = 5000, test_size: int = 100
         raise DataError(f"synthetic CIFAR-10 sizes must be at least 5 training and 1 test "
                         f"image (got train {train_size}, test {test_size})")
     target = cifar_dir(data_dir)
-    if _holds_files(target) and not is_synthetic(data_dir):
-        raise DataError(f"{target} already holds files that are not a synthetic set (real "
-                        f"CIFAR-10 data?); refusing to overwrite them (remove {target} "
-                        "yourself if you really want generated data)")
-    _make_data_dir(data_dir)
-
-    tmp = Path(tempfile.mkdtemp(prefix=".cifar-synthetic-", dir=data_dir))
-    try:
+    datafiles.protect_real_data(target, "CIFAR-10")
+    datafiles.make_data_dir(data_dir)
+    with datafiles.replacing(target, "synthetic") as new:
         blobs: dict[str, bytes] = {}
         images, labels = generate(train_size, np.random.default_rng([seed, 0]))
         bounds = np.linspace(0, train_size, len(TRAIN_FILES) + 1).astype(int)
@@ -437,37 +375,15 @@ def write_synthetic(data_dir: Path, train_size: int = 5000, test_size: int = 100
                                        [f"synthetic_test_{k:06d}.png" for k in range(test_size)])
         blobs[META_FILE] = _meta_blob(int(bounds[1] - bounds[0]), SYNTHETIC_LABEL_NAMES)
         for name, blob in blobs.items():
-            _fsync_write(tmp / name, blob)
-        _fsync_write(tmp / MANIFEST, "".join(
-            f"{hashlib.md5(blobs[n], usedforsecurity=False).hexdigest()}  {n}\n"
-            for n in ALL_FILES).encode())
-        (tmp / MARKER).write_text(_synthetic_note(data_dir, seed, train_size, test_size))
-        _install(tmp, data_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            (new / name).write_bytes(blob)
+        (new / MANIFEST).write_text(datafiles.md5_manifest({n: blobs[n] for n in ALL_FILES}))
+        (new / MARKER).write_text(_synthetic_note(data_dir, seed, train_size, test_size))
     return target
 
 
 # ---------------------------------------------------------------------------
 # Real download
 # ---------------------------------------------------------------------------
-
-_FILESYSTEM_ERRNOS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM}
-
-
-def _short_reason(exc: BaseException) -> str:
-    """One short phrase for why the download failed, e.g. 'Name or service not known'."""
-    from urllib.error import HTTPError, URLError
-
-    if isinstance(exc, HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
-    if isinstance(exc, URLError):
-        return str(exc.reason)
-    text = str(exc).strip()
-    text = text.splitlines()[0] if text else type(exc).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
-
 
 def download(data_dir: Path) -> Path:
     """Download the real CIFAR-10 with torchvision; return the cifar-10-batches-py dir.
@@ -489,36 +405,29 @@ def download(data_dir: Path) -> Path:
         else:
             print(f"CIFAR-10 already present in {target}; skipping download")
             return target
-    _make_data_dir(data_dir)
+    datafiles.make_data_dir(data_dir)
 
     from http.client import HTTPException
 
     from torchvision.datasets import CIFAR10  # slow import, only needed here
 
+    # A fixed name, not a scratch directory: the tarball in it survives an interrupted run.
     staging = data_dir / ".cifar-10-download"
-    chatter = io.StringIO()  # torchvision prints the URL, tqdm progress and "Extracting ..."
-    old_timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(_DOWNLOAD_TIMEOUT_S)
     done = False
     try:
         if (staging / BASE_FOLDER).exists():  # a half-extracted earlier attempt
             shutil.rmtree(staging / BASE_FOLDER)
-        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+        with datafiles.quiet_download(_DOWNLOAD_TIMEOUT_S):
             CIFAR10(root=str(staging), train=True, download=True)
         check_files(staging)
-        _install(staging / BASE_FOLDER, data_dir)
+        datafiles.install(cifar_dir(staging), target)
         done = True
-    except DataError as e:
-        problem = str(e).split("; run `")[0]  # the fix hint would name the staging dir
-        raise DdlError(f"downloaded CIFAR-10 failed validation: {problem}") from None
-    except OSError as e:
-        if getattr(e, "errno", None) in _FILESYSTEM_ERRNOS and not hasattr(e, "reason"):
-            raise DdlError(f"could not write CIFAR-10 to {data_dir}: {e.strerror or e}") from None
-        raise _download_error(e) from None
-    except (RuntimeError, HTTPException, EOFError) as e:  # RuntimeError: md5 mismatch
-        raise _download_error(e) from None
+    except DataError as e:  # without the hint: it would name the staging directory
+        raise DdlError(f"downloaded CIFAR-10 failed validation: {datafiles.without_hint(e)}") \
+            from None
+    except (OSError, RuntimeError, HTTPException, EOFError) as e:  # RuntimeError: bad md5
+        raise datafiles.download_failure(e, data_dir, "CIFAR-10", _download_error) from None
     finally:
-        socket.setdefaulttimeout(old_timeout)
         tarball = staging / "cifar-10-python.tar.gz"
         if done or not tarball.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -528,6 +437,6 @@ def download(data_dir: Path) -> Path:
 
 def _download_error(exc: BaseException) -> DdlError:
     return DdlError(
-        f"could not download CIFAR-10 ({_short_reason(exc)}) from {TARBALL_URL}: this machine "
-        "has no access to it; run `ddl prepare --plugin cifar` on a login node with internet "
-        "access, or use --synthetic")
+        f"could not download CIFAR-10 ({datafiles.short_reason(exc)}) from {TARBALL_URL}: this "
+        "machine has no access to it; run `ddl prepare --plugin cifar` on a login node with "
+        "internet access, or use --synthetic")

@@ -14,18 +14,15 @@ Three things live here, none of which imports torch (validation must cost millis
     marked by SYNTHETIC.txt) for machines that cannot reach the download server.
   * :func:`download` - the real archive from fastai's S3 bucket, for login nodes.
 
-Both writers build the new ``imagewoof2-320/`` in a temporary sibling and rename it into place,
-so an interrupted run never leaves half a data set behind.
+Both writers build the new ``imagewoof2-320/`` in a temporary sibling and rename it into place
+(:mod:`ddl.datafiles`), so an interrupted run never leaves half a data set behind.
 """
 
 from __future__ import annotations
 
-import errno
 import math
 import os
-import shutil
 import tarfile
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -33,12 +30,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ddl import datafiles
 from ddl.errors import DataError, DdlError
 
 DIRNAME = "imagewoof2-320"
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagewoof2-320.tgz"  # fastai URLs.IMAGEWOOF_320
 ARCHIVE = "imagewoof2-320.tgz"
-MARKER = "SYNTHETIC.txt"
+MARKER = datafiles.MARKER
 SPLITS = ("train", "val")
 
 # The ten Imagewoof classes (ImageNet WordNet ids, in ImageFolder's sorted order). Checked
@@ -81,12 +79,11 @@ def is_jpeg_name(path: str) -> bool:
 
 
 def is_synthetic(data_dir: Path) -> bool:
-    return (root(data_dir) / MARKER).is_file()
+    return datafiles.is_synthetic(root(data_dir))
 
 
 def fix_hint(data_dir: Path) -> str:
-    return (f"run `ddl prepare --plugin imagewoof --data-dir {data_dir}` on a login node "
-            "(or add --synthetic for generated data)")
+    return datafiles.prepare_hint("imagewoof", data_dir)
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,38 +165,6 @@ def check_files(data_dir: Path, *, expected: dict[str, int] | None = None,
             raise DataError(f"{split_dir} holds {counts[split]} images, expected "
                             f"{expected[split]} (an incomplete copy?); {hint}")
     return counts
-
-
-# ---------------------------------------------------------------------------------------
-# Installing a new imagewoof2-320 directory
-# ---------------------------------------------------------------------------------------
-
-
-def _install(new_root: Path, data_dir: Path) -> None:
-    """Rename a fully written directory into place, replacing any old one (moved aside first,
-    deleted last: at every moment there is one complete set, or the old one in a
-    ``.imagewoof2-320-old-*`` directory if killed between the two renames)."""
-    target = root(data_dir)
-    if not target.exists():
-        os.rename(new_root, target)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{DIRNAME}-old-", dir=data_dir))
-    os.rename(target, aside / DIRNAME)
-    os.rename(new_root, target)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _make_data_dir(data_dir: Path) -> None:
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create data directory {data_dir}: {e.strerror or e}") from None
-    if not os.access(data_dir, os.W_OK):
-        raise DataError(f"data directory {data_dir} is not writable")
-
-
-def _holds_files(path: Path) -> bool:
-    return path.exists() and any(p.is_file() or p.is_symlink() for p in path.rglob("*"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,17 +330,13 @@ def write_synthetic(data_dir: Path, train_per_class: int = 100, val_per_class: i
         raise DataError(f"synthetic Imagewoof sizes must be positive (got train "
                         f"{train_per_class}, val {val_per_class} per class)")
     target = root(data_dir)
-    if _holds_files(target) and not is_synthetic(data_dir):
-        raise DataError(f"{target} already holds files that are not a synthetic set (real "
-                        f"Imagewoof data?); refusing to overwrite them (remove {target} "
-                        "yourself if you really want generated data)")
-    _make_data_dir(data_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DIRNAME}-synthetic-", dir=data_dir))
-    try:
+    datafiles.protect_real_data(target, "Imagewoof")
+    datafiles.make_data_dir(data_dir)
+    with datafiles.replacing(target, "synthetic") as new:
         val_number = 0
         for s, (split, n) in enumerate((("train", train_per_class), ("val", val_per_class))):
             for c, wnid in enumerate(WNIDS):
-                folder = tmp / split / wnid
+                folder = new / split / wnid
                 folder.mkdir(parents=True)
                 rng = np.random.default_rng([seed, s, c])
                 for i in range(n):
@@ -386,21 +347,14 @@ def write_synthetic(data_dir: Path, train_per_class: int = 100, val_per_class: i
                         val_number += 1
                         name = f"ILSVRC2012_val_{val_number:08d}.JPEG"
                     image.save(folder / name, format="JPEG", quality=quality)
-        (tmp / MARKER).write_text(_synthetic_note(
+        (new / MARKER).write_text(_synthetic_note(
             data_dir, seed, {"train": train_per_class, "val": val_per_class}, short_side))
-        _install(tmp, data_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 
 # ---------------------------------------------------------------------------------------
 # Real download
 # ---------------------------------------------------------------------------------------
-
-_FILESYSTEM_ERRNOS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM}
-
 
 def _fetch(url: str, part: Path, timeout: float) -> None:
     """Stream ``url`` into ``part``, continuing a partial file with an HTTP Range request.
@@ -452,17 +406,6 @@ def _fetch(url: str, part: Path, timeout: float) -> None:
                        "same command again to resume")
 
 
-def _short_reason(exc: BaseException) -> str:
-    from urllib.error import HTTPError, URLError
-
-    if isinstance(exc, HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
-    if isinstance(exc, URLError):
-        return str(exc.reason)
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
 def download(data_dir: Path, *, url: str = URL, expected: dict[str, int] | None = None,
              timeout: float = _DOWNLOAD_TIMEOUT_S) -> Path:
     """Download and unpack the real Imagewoof 320 px; return ``<data_dir>/imagewoof2-320``.
@@ -486,7 +429,7 @@ def download(data_dir: Path, *, url: str = URL, expected: dict[str, int] | None 
             print(f"Imagewoof already present in {target} ({counts['train']} train, "
                   f"{counts['val']} val images); skipping download")
             return target
-    _make_data_dir(data_dir)
+    datafiles.make_data_dir(data_dir)
     from http.client import HTTPException
 
     archive = data_dir / ARCHIVE
@@ -499,12 +442,9 @@ def download(data_dir: Path, *, url: str = URL, expected: dict[str, int] | None 
         _unpack(archive, data_dir, expected)
     except DdlError:
         raise
-    except OSError as e:
-        if getattr(e, "errno", None) in _FILESYSTEM_ERRNOS and not hasattr(e, "reason"):
-            raise DdlError(f"could not write Imagewoof to {data_dir}: {e.strerror or e}") from None
-        raise _download_error(url, e) from None
-    except (HTTPException, ValueError) as e:  # IncompleteRead, a bad Content-Range, ...
-        raise _download_error(url, e) from None
+    except (OSError, HTTPException, ValueError) as e:  # IncompleteRead, a bad Content-Range
+        raise datafiles.download_failure(e, data_dir, "Imagewoof",
+                                         lambda exc: _download_error(url, exc)) from None
     archive.unlink()
     counts = check_files(data_dir, expected=expected)
     print(f"Imagewoof 320 px: {counts['train']} train and {counts['val']} val images in {target}")
@@ -512,28 +452,26 @@ def download(data_dir: Path, *, url: str = URL, expected: dict[str, int] | None 
 
 
 def _unpack(archive: Path, data_dir: Path, expected: dict[str, int]) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DIRNAME}-unpack-", dir=data_dir))
-    try:
+    with datafiles.scratch_dir(root(data_dir), "unpack") as tmp:
         try:
             with tarfile.open(archive, "r:gz") as tar:
                 tar.extractall(tmp, filter="data")
         except (tarfile.TarError, EOFError, zlib.error) as e:
             archive.unlink()
-            raise DdlError(f"the downloaded archive {archive} is damaged ({_short_reason(e)}); "
+            raise DdlError(f"the downloaded archive {archive} is damaged "
+                           f"({datafiles.short_reason(e)}); "
                            "it was deleted, run the same command again") from None
         try:
             check_files(tmp, expected=expected, hint_dir=data_dir)
         except DataError as e:
             archive.unlink()
-            problem = str(e).split("; run `")[0]
-            raise DdlError(f"the downloaded archive failed validation: {problem}; it was "
-                           "deleted, run the same command again") from None
-        _install(tmp / DIRNAME, data_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            raise DdlError(f"the downloaded archive failed validation: "
+                           f"{datafiles.without_hint(e)}; it was deleted, run the same "
+                           "command again") from None
+        datafiles.install(root(tmp), root(data_dir))
 
 
 def _download_error(url: str, exc: BaseException) -> DdlError:
-    return DdlError(f"could not download Imagewoof from {url} ({_short_reason(exc)}): this "
-                    "machine has no access to it; run `ddl prepare --plugin imagewoof` on a "
+    return DdlError(f"could not download Imagewoof from {url} ({datafiles.short_reason(exc)}): "
+                    "this machine has no access to it; run `ddl prepare --plugin imagewoof` on a "
                     "login node with internet access, or use --synthetic")

@@ -13,7 +13,7 @@ Three things live here:
   * `download` - the real data via torchvision, for login nodes.
 
 Both writers build the new `MNIST/` directory in a temporary sibling and rename it into
-place, so an interrupted run never leaves half a data set behind.
+place (`ddl.datafiles`), so an interrupted run never leaves half a data set behind.
 
 Only the standard library, numpy and PIL are imported at module level: importing torch
 costs seconds and most callers (validation, the CLI) never need it.
@@ -21,21 +21,15 @@ costs seconds and most callers (validation, the CLI) never need it.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import io
 import math
-import os
 import re
-import shutil
-import socket
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ddl import datafiles
 from ddl.errors import DataError, DdlError
 
 # split -> (images file, labels file); the names torchvision's MNIST._load_data builds.
@@ -44,7 +38,7 @@ RAW_FILES: dict[str, tuple[str, str]] = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 
-MARKER = "SYNTHETIC.txt"
+MARKER = datafiles.MARKER
 SIDE = 28  # MNIST images are 28x28
 
 # idx magic numbers: 0x00, 0x00, dtype code (0x08 = uint8), number of dimensions.
@@ -66,15 +60,12 @@ def _raw_dir(data_dir: Path) -> Path:
 
 
 def _fix_hint(data_dir: Path) -> str:
-    return (
-        f"run `ddl prepare --plugin mnist --data-dir {data_dir}` on a login node "
-        "(or add --synthetic for generated data)"
-    )
+    return datafiles.prepare_hint("mnist", data_dir)
 
 
 def is_synthetic(data_dir: Path) -> bool:
     """True if the MNIST directory under `data_dir` holds a generated stand-in."""
-    return (mnist_dir(data_dir) / MARKER).is_file()
+    return datafiles.is_synthetic(mnist_dir(data_dir))
 
 
 # ---------------------------------------------------------------------------
@@ -170,50 +161,6 @@ def check_files(data_dir: Path) -> None:
 def _count_images(data_dir: Path, split: str) -> int:
     with open(_raw_dir(data_dir) / RAW_FILES[split][0], "rb") as f:
         return struct.unpack(">4I", f.read(16))[1]
-
-
-# ---------------------------------------------------------------------------
-# Installing a new MNIST directory
-# ---------------------------------------------------------------------------
-
-
-def _holds_files(path: Path) -> bool:
-    return path.exists() and any(p.is_file() or p.is_symlink() for p in path.rglob("*"))
-
-
-def _install(new_mnist: Path, data_dir: Path) -> None:
-    """Rename a fully written MNIST directory into place, replacing any old one.
-
-    The old directory is moved aside first and deleted only after the new one is in
-    place, so at every moment there is one complete set (or, if killed between the two
-    renames, none and a `.MNIST-old-*` directory holding the previous set).
-    """
-    target = mnist_dir(data_dir)
-    if not target.exists():
-        os.rename(new_mnist, target)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=".MNIST-old-", dir=data_dir))
-    os.rename(target, aside / "MNIST")
-    os.rename(new_mnist, target)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _make_data_dir(data_dir: Path) -> None:
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create data directory {data_dir}: {e.strerror or e}") from None
-    if not os.access(data_dir, os.W_OK):
-        raise DataError(f"data directory {data_dir} is not writable")
-
-
-def _fsync_write(path: Path, *chunks: bytes) -> None:
-    # fsync so that after the rename the files are really on disk, not just the name.
-    with open(path, "wb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # ---------------------------------------------------------------------------
@@ -452,30 +399,19 @@ def write_synthetic(
             f"synthetic MNIST sizes must be positive (got train {train_size}, test {test_size})"
         )
     target = mnist_dir(data_dir)
-    if _holds_files(target) and not is_synthetic(data_dir):
-        raise DataError(
-            f"{target} already holds files that are not a synthetic set (real MNIST data?); "
-            f"refusing to overwrite them (remove {target} yourself if you really want "
-            "generated data)"
-        )
-    _make_data_dir(data_dir)
-
-    tmp = Path(tempfile.mkdtemp(prefix=".MNIST-synthetic-", dir=data_dir))
-    try:
-        raw = tmp / "raw"
+    datafiles.protect_real_data(target, "MNIST")
+    datafiles.make_data_dir(data_dir)
+    with datafiles.replacing(target, "synthetic") as new:
+        raw = new / "raw"
         raw.mkdir()
         for stream, (split, size) in enumerate((("train", train_size), ("test", test_size))):
             images, labels = _generate(size, np.random.default_rng([seed, stream]))
             images_name, labels_name = RAW_FILES[split]
             images_header = struct.pack(">4I", _IMAGES_MAGIC, size, SIDE, SIDE)
-            _fsync_write(raw / images_name, images_header, images.tobytes())
+            (raw / images_name).write_bytes(images_header + images.tobytes())
             labels_header = struct.pack(">2I", _LABELS_MAGIC, size)
-            _fsync_write(raw / labels_name, labels_header, labels.tobytes())
-        (tmp / MARKER).write_text(_synthetic_note(data_dir, seed, train_size, test_size))
-        _install(tmp, data_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            (raw / labels_name).write_bytes(labels_header + labels.tobytes())
+        (new / MARKER).write_text(_synthetic_note(data_dir, seed, train_size, test_size))
     return target
 
 
@@ -483,26 +419,15 @@ def write_synthetic(
 # Real download
 # ---------------------------------------------------------------------------
 
-_FILESYSTEM_ERRNOS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM}
-
-
 def _short_reason(exc: BaseException) -> str:
     """One short phrase for why the download failed, e.g. 'Name or service not known'."""
-    from urllib.error import HTTPError, URLError
-
-    if isinstance(exc, HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
-    if isinstance(exc, URLError):
-        return str(exc.reason)
-    text = str(exc)
     # torchvision folds every mirror's error into one multi-line RuntimeError:
     # "Error downloading X:\nTried <mirror>, got:\n<error>\nTried ..."
-    reasons = re.findall(r"got:\n(.*)", text)
-    if reasons:
-        reasons = [re.sub(r"^<urlopen error (.*)>$", r"\1", r) for r in reasons]
-        text = "; ".join(dict.fromkeys(reasons))
-    text = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
+    reasons = re.findall(r"got:\n(.*)", str(exc))
+    if not reasons:
+        return datafiles.short_reason(exc)
+    reasons = [re.sub(r"^<urlopen error (.*)>$", r"\1", r) for r in reasons]
+    return datafiles.first_line("; ".join(dict.fromkeys(reasons)))
 
 
 def download(data_dir: Path) -> Path:
@@ -523,34 +448,24 @@ def download(data_dir: Path) -> Path:
         else:
             print(f"MNIST already present in {target}; skipping download")
             return target
-    _make_data_dir(data_dir)
+    datafiles.make_data_dir(data_dir)
 
     from http.client import HTTPException
 
     from torchvision.datasets import MNIST  # slow import, only needed here
 
-    tmp = Path(tempfile.mkdtemp(prefix=".MNIST-download-", dir=data_dir))
-    chatter = io.StringIO()  # torchvision prints URLs and tqdm progress bars
-    old_timeout = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(_DOWNLOAD_TIMEOUT_S)
     try:
-        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-            for train in (True, False):
-                MNIST(root=tmp, train=train, download=True)
-        check_files(tmp)
-        _install(tmp / "MNIST", data_dir)
-    except DataError as e:
-        problem = str(e).split("; run `")[0]  # the fix hint would name the temporary dir
-        raise DdlError(f"downloaded MNIST failed validation: {problem}") from None
-    except OSError as e:
-        if getattr(e, "errno", None) in _FILESYSTEM_ERRNOS and not hasattr(e, "reason"):
-            raise DdlError(f"could not write MNIST to {data_dir}: {e.strerror or e}") from None
-        raise _download_error(e) from None
-    except (RuntimeError, HTTPException, EOFError) as e:  # RuntimeError: all mirrors failed
-        raise _download_error(e) from None
-    finally:
-        socket.setdefaulttimeout(old_timeout)
-        shutil.rmtree(tmp, ignore_errors=True)
+        with datafiles.scratch_dir(target, "download") as tmp:
+            with datafiles.quiet_download(_DOWNLOAD_TIMEOUT_S):
+                for train in (True, False):
+                    MNIST(root=tmp, train=train, download=True)
+            check_files(tmp)
+            datafiles.install(mnist_dir(tmp), target)
+    except DataError as e:  # without the hint: it would name the scratch directory
+        raise DdlError(f"downloaded MNIST failed validation: {datafiles.without_hint(e)}") \
+            from None
+    except (OSError, RuntimeError, HTTPException, EOFError) as e:  # RuntimeError: no mirror
+        raise datafiles.download_failure(e, data_dir, "MNIST", _download_error) from None
 
     for split in RAW_FILES:
         print(f"MNIST {split}: {_count_images(data_dir, split)} images in {_raw_dir(data_dir)}")

@@ -23,25 +23,25 @@ Three things live here, as in the MNIST plugin:
   * `write_synthetic` generates the learnable stand-in;
   * `download` fetches the real data and models from the Hugging Face Hub.
 
-Every writer builds a complete new tree in a temporary sibling and renames it into place,
-so an interrupted run never leaves half a data set behind. Only the standard library is
-imported at module level (pyarrow, datasets, tokenizers and transformers cost seconds).
+Every writer builds a complete new tree in a temporary sibling and renames it into place
+(:mod:`ddl.datafiles`), so an interrupted run never leaves half a data set behind. Only the
+standard library is imported at module level (pyarrow, datasets, tokenizers and transformers
+cost seconds).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ddl import datafiles
 from ddl.errors import DataError, DataMissing, DdlError
 
 XSUM = "xsum"
-MARKER = "SYNTHETIC.txt"
+MARKER = datafiles.MARKER
 #: The course's split sizes. Real data: the first N articles of each official split
 #: (XSum's splits are already random; Narayan et al. 2018, sec. 4), i.e. "train[:1500]".
 SPLIT_SIZES = {"train": 1500, "validation": 300, "test": 300}
@@ -76,7 +76,7 @@ def dataset_dir(data_dir: Path) -> Path:
 
 
 def is_synthetic(data_dir: Path) -> bool:
-    return (xsum_dir(data_dir) / MARKER).is_file()
+    return datafiles.is_synthetic(xsum_dir(data_dir))
 
 
 def model_dir(data_dir: Path, model: str, synthetic: bool) -> Path:
@@ -99,8 +99,7 @@ def t5_config(model: str, vocab_size: int):
 
 
 def _fix_hint(data_dir: Path) -> str:
-    return (f"run `ddl prepare --plugin xsum --data-dir {data_dir}` on a login node "
-            "(or add --synthetic for generated data)")
+    return datafiles.prepare_hint("xsum", data_dir)
 
 
 # ---------------------------------------------------------------------------
@@ -227,43 +226,8 @@ def check(data_dir: Path, *, model: str, tokenizer: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Installing a new tree
+# Library settings
 # ---------------------------------------------------------------------------
-
-
-def _make_data_dir(data_dir: Path) -> None:
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create data directory {data_dir}: {e.strerror or e}") from None
-    if not os.access(data_dir, os.W_OK):
-        raise DataError(f"data directory {data_dir} is not writable")
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flush every file so that after the rename the data is on disk, not just the names."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-
-
-def _install(new: Path, target: Path) -> None:
-    """Rename a complete directory into place, replacing any old one; the old one is moved
-    aside first and deleted last, so there is always one complete tree (or, if killed
-    between the renames, none and a ``.xsum-old-*`` directory with the previous one)."""
-    _fsync_tree(new)
-    if not target.exists():
-        os.rename(new, target)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
-    os.rename(target, aside / target.name)
-    os.rename(new, target)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-def _holds_files(path: Path) -> bool:
-    return path.exists() and any(p.is_file() or p.is_symlink() for p in path.rglob("*"))
 
 
 def _quiet_hf() -> None:
@@ -339,19 +303,15 @@ def write_synthetic(data_dir: Path, sizes: dict[str, int] | None = None, seed: i
         raise DataError(f"synthetic xsum sizes must be positive for {', '.join(SPLIT_SIZES)} "
                         f"(got {sizes})")
     target = xsum_dir(data_dir)
-    if _holds_files(target) and not is_synthetic(data_dir):
-        raise DataError(f"{target} already holds files that are not a synthetic set (real XSum "
-                        f"data?); refusing to overwrite them (remove {target} yourself if you "
-                        "really want generated data)")
-    _make_data_dir(data_dir)
+    datafiles.protect_real_data(target, "XSum")
+    datafiles.make_data_dir(data_dir)
     _quiet_hf()
     for var in OFFLINE_VARS:  # nothing here needs the network
         os.environ[var] = "1"
 
     import datasets
 
-    tmp = Path(tempfile.mkdtemp(prefix=".xsum-synthetic-", dir=data_dir))
-    try:
+    with datafiles.replacing(target, "synthetic") as new:
         splits = {split: list(synthetic.articles(n, seed=seed * 1000 + i))
                   for i, (split, n) in enumerate(sizes.items())}
         features = datasets.Features({c: datasets.Value("string") for c in COLUMNS})
@@ -359,17 +319,13 @@ def write_synthetic(data_dir: Path, sizes: dict[str, int] | None = None, seed: i
             split: datasets.Dataset.from_dict({c: [r[c] for r in recs] for c in COLUMNS},
                                               features=features)
             for split, recs in splits.items()})
-        ddict.save_to_disk(str(tmp / "dataset"))
+        ddict.save_to_disk(str(new / "dataset"))
         texts = [r[c] for r in splits["train"] for c in ("document", "summary")]
         vocab = _train_tokenizer(texts + [synthetic.SOURCE_PREFIX_WORDS],
-                                 tmp / "models" / SYNTHETIC_TOKENIZER)
+                                 new / "models" / SYNTHETIC_TOKENIZER)
         for model in T5_SHAPES:
-            t5_config(model, vocab).save_pretrained(str(tmp / "models" / f"synthetic-{model}"))
-        (tmp / MARKER).write_text(_synthetic_note(data_dir, seed, sizes, vocab))
-        _install(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            t5_config(model, vocab).save_pretrained(str(new / "models" / f"synthetic-{model}"))
+        (new / MARKER).write_text(_synthetic_note(data_dir, seed, sizes, vocab))
     return target
 
 
@@ -429,9 +385,11 @@ def _load_xsum(cache: Path):
 
 
 def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
+    """The exception's type and first line: HF libraries raise many types for one failure,
+    and the type often says more than the text."""
+    text = datafiles.first_line(str(exc), limit=200)
+    return datafiles.first_line(f"{type(exc).__name__}: {text}", limit=200) if text \
+        else type(exc).__name__
 
 
 def download(data_dir: Path) -> Path:
@@ -445,8 +403,25 @@ def download(data_dir: Path) -> Path:
     data_dir = Path(data_dir)
     target = xsum_dir(data_dir)
     _probe_hub(data_dir)
-    _make_data_dir(data_dir)
+    datafiles.make_data_dir(data_dir)
     _quiet_hf()
+    try:
+        with datafiles.scratch_dir(target, "download") as staging:
+            _download_into(staging, data_dir)
+        check(data_dir, model="t5-base", tokenizer="t5-base")
+    except DdlError:
+        raise
+    except Exception as exc:  # HF libraries raise many types for one failed request
+        raise datafiles.download_failure(exc, data_dir, "XSum/T5",
+                                         lambda e: _no_hub(_short(e), data_dir)) from None
+    return target
+
+
+def _download_into(staging: Path, data_dir: Path) -> None:
+    """Download what is missing into ``staging``, then install it under ``<data_dir>/xsum``."""
+    target = xsum_dir(data_dir)
+    new = staging / XSUM
+    cache = staging / "hf-cache"  # not ~/.cache: $HOME is small on HPC systems
     real = target.exists() and not is_synthetic(data_dir)
 
     def complete(check_fn) -> bool:
@@ -458,55 +433,39 @@ def download(data_dir: Path) -> Path:
             return False
         return True
 
-    staging = Path(tempfile.mkdtemp(prefix=".xsum-download-", dir=data_dir))
-    new = staging / XSUM
-    cache = staging / "hf-cache"  # not ~/.cache: $HOME is small on HPC systems
     parts: list[Path] = []  # relative paths downloaded into `new`
-    try:
-        if not complete(lambda: check_dataset(data_dir)):
-            print(f"xsum: downloading {HUB_DATASET} ({', '.join(f'{s} {n}' for s, n in SPLIT_SIZES.items())})",
-                  flush=True)
-            _load_xsum(cache).save_to_disk(str(new / "dataset"))
-            parts.append(Path("dataset"))
-        from transformers import AutoTokenizer, T5ForConditionalGeneration
+    if not complete(lambda: check_dataset(data_dir)):
+        print(f"xsum: downloading {HUB_DATASET} ({', '.join(f'{s} {n}' for s, n in SPLIT_SIZES.items())})",
+              flush=True)
+        _load_xsum(cache).save_to_disk(str(new / "dataset"))
+        parts.append(Path("dataset"))
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
 
-        vocab = None
-        for name, repo in HUB_MODELS.items():
-            where = model_dir(data_dir, name, False)
-            if complete(lambda w=where: (check_model_dir(w, data_dir, weights=True),
-                                         check_tokenizer_dir(w, data_dir))):
-                continue
-            print(f"xsum: downloading {repo}", flush=True)
-            out = new / "models" / name
-            tokenizer = AutoTokenizer.from_pretrained(repo, cache_dir=str(cache))
-            tokenizer.save_pretrained(str(out))
-            vocab = vocab or len(tokenizer)
-            model = T5ForConditionalGeneration.from_pretrained(repo, cache_dir=str(cache))
-            model.save_pretrained(str(out))
-            del model
-            parts.append(Path("models") / name)
-        if not complete(lambda: check_model_dir(model_dir(data_dir, "t5-tiny", False), data_dir,
-                                                weights=False)):
-            if vocab is None:
-                vocab = len(AutoTokenizer.from_pretrained(str(target / "models" / "t5-base")))
-            t5_config("t5-tiny", vocab).save_pretrained(str(new / "models" / "t5-tiny"))
-            parts.append(Path("models") / "t5-tiny")
+    vocab = None
+    for name, repo in HUB_MODELS.items():
+        where = model_dir(data_dir, name, False)
+        if complete(lambda w=where: (check_model_dir(w, data_dir, weights=True),
+                                     check_tokenizer_dir(w, data_dir))):
+            continue
+        print(f"xsum: downloading {repo}", flush=True)
+        out = new / "models" / name
+        tokenizer = AutoTokenizer.from_pretrained(repo, cache_dir=str(cache))
+        tokenizer.save_pretrained(str(out))
+        vocab = vocab or len(tokenizer)
+        model = T5ForConditionalGeneration.from_pretrained(repo, cache_dir=str(cache))
+        model.save_pretrained(str(out))
+        del model
+        parts.append(Path("models") / name)
+    if not complete(lambda: check_model_dir(model_dir(data_dir, "t5-tiny", False), data_dir,
+                                            weights=False)):
+        if vocab is None:
+            vocab = len(AutoTokenizer.from_pretrained(str(target / "models" / "t5-base")))
+        t5_config("t5-tiny", vocab).save_pretrained(str(new / "models" / "t5-tiny"))
+        parts.append(Path("models") / "t5-tiny")
 
-        if real:  # complete the real set part by part
-            for part in parts:
-                (target / part).parent.mkdir(parents=True, exist_ok=True)
-                _install(new / part, target / part)
-        else:  # nothing, or a synthetic set: replace it as a whole
-            _install(new, target)
-        check(data_dir, model="t5-base", tokenizer="t5-base")
-    except DdlError:
-        raise
-    except OSError as exc:
-        if getattr(exc, "errno", None) is not None and exc.filename:
-            raise DdlError(f"could not write XSum/T5 to {data_dir}: {exc.strerror or exc}") from None
-        raise _no_hub(_short(exc), data_dir) from None
-    except Exception as exc:  # HF libraries raise many types for one failed request
-        raise _no_hub(_short(exc), data_dir) from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    if real:  # complete the real set part by part
+        for part in parts:
+            (target / part).parent.mkdir(parents=True, exist_ok=True)
+            datafiles.install(new / part, target / part)
+    else:  # nothing, or a synthetic set: replace it as a whole
+        datafiles.install(new, target)
