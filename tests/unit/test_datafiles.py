@@ -124,6 +124,18 @@ def test_protect_real_data_refuses_unmarked_files_only(tmp_path):
     datafiles.protect_real_data(target, "Foo")  # a generated set may be replaced
 
 
+def test_new_synthetic_set_refuses_real_data_before_writing(tmp_path):
+    target = tmp_path / "data" / "dataset"
+    with datafiles.new_synthetic_set(target, "Foo") as new:  # creates the data directory
+        (new / datafiles.MARKER).write_text("generated\n")
+    (target / "downloaded.bin").write_bytes(b"real")
+    (target / datafiles.MARKER).unlink()
+    with pytest.raises(DataError, match="refusing to overwrite"):
+        with datafiles.new_synthetic_set(target, "Foo"):
+            raise AssertionError("the block must not run")
+    assert _contents(target) == {"downloaded.bin": b"real"}
+
+
 def test_make_data_dir_fails_in_one_line(tmp_path):
     (tmp_path / "a-file").write_text("x")
     datafiles.make_data_dir(tmp_path / "new" / "data")
@@ -143,8 +155,7 @@ def test_prepare_into_an_impossible_directory_is_one_line_exit_2(tmp_path):
 # --- one-line download failures -----------------------------------------------------------
 
 
-def _unreachable(exc):
-    return DdlError(f"could not download Foo ({datafiles.short_reason(exc)}); use --synthetic")
+_FOO = {"dataset": "Foo", "source": "https://foo.example/foo.tgz", "plugin": "foo"}
 
 
 @pytest.mark.parametrize("exc, reason", [
@@ -155,20 +166,21 @@ def _unreachable(exc):
     (ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), "reset by peer"),
 ])
 def test_a_network_failure_is_one_line_naming_the_reason(tmp_path, exc, reason):
-    error = datafiles.download_failure(exc, tmp_path, "Foo", _unreachable)
+    error = datafiles.download_failure(exc, tmp_path, **_FOO)
     assert type(error) is DdlError and error.exit_code == 1
     message = str(error)
-    assert message.startswith("could not download Foo (") and reason in message
-    assert "\n" not in message
+    assert message.startswith("could not download Foo from https://foo.example/foo.tgz (")
+    assert reason in message and "\n" not in message
+    assert f"run `ddl prepare --plugin foo --data-dir {tmp_path}` on a login node" in message
 
 
 def test_a_full_disk_is_not_called_a_network_failure(tmp_path):
     exc = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x"))
-    error = datafiles.download_failure(exc, tmp_path, "Foo", _unreachable)
+    error = datafiles.download_failure(exc, tmp_path, **_FOO)
     assert str(error) == f"could not write Foo to {tmp_path}: No space left on device"
     # the same errno inside a URLError is the network's, not this disk's
     wrapped = URLError(OSError(errno.EACCES, "Permission denied"))
-    assert str(datafiles.download_failure(wrapped, tmp_path, "Foo", _unreachable)) \
+    assert str(datafiles.download_failure(wrapped, tmp_path, **_FOO)) \
         .startswith("could not download Foo")
 
 

@@ -83,13 +83,22 @@ def is_filesystem_error(exc: BaseException) -> bool:
             and not hasattr(exc, "reason"))
 
 
-def download_failure(exc: BaseException, data_dir: Path, dataset: str,
-                     unreachable: Callable[[BaseException], DdlError]) -> DdlError:
+def unreachable(dataset: str, source: str, reason: str, plugin: str,
+                data_dir: Path) -> DdlError:
+    """The one-line error for a server this machine cannot use, with the way out."""
+    return DdlError(f"could not download {dataset} from {source} ({reason}); run `ddl prepare "
+                    f"--plugin {plugin} --data-dir {data_dir}` on a login node with internet "
+                    "access, or add --synthetic for generated data")
+
+
+def download_failure(exc: BaseException, data_dir: Path, *, dataset: str, source: str,
+                     plugin: str, reason: Callable[[BaseException], str] = short_reason
+                     ) -> DdlError:
     """The one-line error for a failed download: a full or read-only disk is named as such,
-    anything else is the server out of reach (``unreachable`` words it for the data set)."""
+    anything else means the server is out of reach (see :func:`unreachable`)."""
     if is_filesystem_error(exc):
         return DdlError(f"could not write {dataset} to {data_dir}: {exc.strerror or exc}")
-    return unreachable(exc)
+    return unreachable(dataset, source, reason(exc), plugin, data_dir)
 
 
 @contextlib.contextmanager
@@ -199,6 +208,16 @@ def replacing(target: Path, purpose: str = "new") -> Iterator[Path]:
         new.mkdir()
         yield new
         install(new, target)
+
+
+@contextlib.contextmanager
+def new_synthetic_set(target: Path, dataset: str) -> Iterator[Path]:
+    """:func:`replacing` for a generator: refuses real data in ``target`` first and creates
+    the data directory. The caller writes the :data:`MARKER` file into the yielded directory."""
+    protect_real_data(target, dataset)
+    make_data_dir(target.parent)
+    with replacing(target, "synthetic") as new:
+        yield new
 
 
 def install(new: Path, target: Path) -> None:

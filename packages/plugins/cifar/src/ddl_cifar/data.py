@@ -359,9 +359,7 @@ def write_synthetic(data_dir: Path, train_size: int = 5000, test_size: int = 100
         raise DataError(f"synthetic CIFAR-10 sizes must be at least 5 training and 1 test "
                         f"image (got train {train_size}, test {test_size})")
     target = cifar_dir(data_dir)
-    datafiles.protect_real_data(target, "CIFAR-10")
-    datafiles.make_data_dir(data_dir)
-    with datafiles.replacing(target, "synthetic") as new:
+    with datafiles.new_synthetic_set(target, "CIFAR-10") as new:
         blobs: dict[str, bytes] = {}
         images, labels = generate(train_size, np.random.default_rng([seed, 0]))
         bounds = np.linspace(0, train_size, len(TRAIN_FILES) + 1).astype(int)
@@ -426,7 +424,8 @@ def download(data_dir: Path) -> Path:
         raise DdlError(f"downloaded CIFAR-10 failed validation: {datafiles.without_hint(e)}") \
             from None
     except (OSError, RuntimeError, HTTPException, EOFError) as e:  # RuntimeError: bad md5
-        raise datafiles.download_failure(e, data_dir, "CIFAR-10", _download_error) from None
+        raise datafiles.download_failure(e, data_dir, dataset="CIFAR-10", source=TARBALL_URL,
+                                         plugin="cifar") from None
     finally:
         tarball = staging / "cifar-10-python.tar.gz"
         if done or not tarball.exists():
@@ -434,9 +433,3 @@ def download(data_dir: Path) -> Path:
     print(f"CIFAR-10: {len(TRAIN_FILES)} training batches and {TEST_FILE} in {target}")
     return target
 
-
-def _download_error(exc: BaseException) -> DdlError:
-    return DdlError(
-        f"could not download CIFAR-10 ({datafiles.short_reason(exc)}) from {TARBALL_URL}: this "
-        "machine has no access to it; run `ddl prepare --plugin cifar` on a login node with "
-        "internet access, or use --synthetic")

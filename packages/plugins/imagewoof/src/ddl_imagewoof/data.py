@@ -330,9 +330,7 @@ def write_synthetic(data_dir: Path, train_per_class: int = 100, val_per_class: i
         raise DataError(f"synthetic Imagewoof sizes must be positive (got train "
                         f"{train_per_class}, val {val_per_class} per class)")
     target = root(data_dir)
-    datafiles.protect_real_data(target, "Imagewoof")
-    datafiles.make_data_dir(data_dir)
-    with datafiles.replacing(target, "synthetic") as new:
+    with datafiles.new_synthetic_set(target, "Imagewoof") as new:
         val_number = 0
         for s, (split, n) in enumerate((("train", train_per_class), ("val", val_per_class))):
             for c, wnid in enumerate(WNIDS):
@@ -443,8 +441,8 @@ def download(data_dir: Path, *, url: str = URL, expected: dict[str, int] | None 
     except DdlError:
         raise
     except (OSError, HTTPException, ValueError) as e:  # IncompleteRead, a bad Content-Range
-        raise datafiles.download_failure(e, data_dir, "Imagewoof",
-                                         lambda exc: _download_error(url, exc)) from None
+        raise datafiles.download_failure(e, data_dir, dataset="Imagewoof", source=url,
+                                         plugin="imagewoof") from None
     archive.unlink()
     counts = check_files(data_dir, expected=expected)
     print(f"Imagewoof 320 px: {counts['train']} train and {counts['val']} val images in {target}")
@@ -470,8 +468,3 @@ def _unpack(archive: Path, data_dir: Path, expected: dict[str, int]) -> None:
                            "command again") from None
         datafiles.install(root(tmp), root(data_dir))
 
-
-def _download_error(url: str, exc: BaseException) -> DdlError:
-    return DdlError(f"could not download Imagewoof from {url} ({datafiles.short_reason(exc)}): "
-                    "this machine has no access to it; run `ddl prepare --plugin imagewoof` on a "
-                    "login node with internet access, or use --synthetic")

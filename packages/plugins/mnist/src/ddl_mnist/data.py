@@ -399,9 +399,7 @@ def write_synthetic(
             f"synthetic MNIST sizes must be positive (got train {train_size}, test {test_size})"
         )
     target = mnist_dir(data_dir)
-    datafiles.protect_real_data(target, "MNIST")
-    datafiles.make_data_dir(data_dir)
-    with datafiles.replacing(target, "synthetic") as new:
+    with datafiles.new_synthetic_set(target, "MNIST") as new:
         raw = new / "raw"
         raw.mkdir()
         for stream, (split, size) in enumerate((("train", train_size), ("test", test_size))):
@@ -465,16 +463,10 @@ def download(data_dir: Path) -> Path:
         raise DdlError(f"downloaded MNIST failed validation: {datafiles.without_hint(e)}") \
             from None
     except (OSError, RuntimeError, HTTPException, EOFError) as e:  # RuntimeError: no mirror
-        raise datafiles.download_failure(e, data_dir, "MNIST", _download_error) from None
+        raise datafiles.download_failure(e, data_dir, dataset="MNIST", source="the MNIST mirrors",
+                                         plugin="mnist", reason=_short_reason) from None
 
     for split in RAW_FILES:
         print(f"MNIST {split}: {_count_images(data_dir, split)} images in {_raw_dir(data_dir)}")
     return target
 
-
-def _download_error(exc: BaseException) -> DdlError:
-    return DdlError(
-        f"could not download MNIST ({_short_reason(exc)}): this machine has no access to the "
-        "MNIST mirrors; run `ddl prepare --plugin mnist` on a login node with internet access, "
-        "or use --synthetic"
-    )

@@ -303,15 +303,13 @@ def write_synthetic(data_dir: Path, sizes: dict[str, int] | None = None, seed: i
         raise DataError(f"synthetic xsum sizes must be positive for {', '.join(SPLIT_SIZES)} "
                         f"(got {sizes})")
     target = xsum_dir(data_dir)
-    datafiles.protect_real_data(target, "XSum")
-    datafiles.make_data_dir(data_dir)
     _quiet_hf()
     for var in OFFLINE_VARS:  # nothing here needs the network
         os.environ[var] = "1"
 
-    import datasets
+    with datafiles.new_synthetic_set(target, "XSum") as new:
+        import datasets
 
-    with datafiles.replacing(target, "synthetic") as new:
         splits = {split: list(synthetic.articles(n, seed=seed * 1000 + i))
                   for i, (split, n) in enumerate(sizes.items())}
         features = datasets.Features({c: datasets.Value("string") for c in COLUMNS})
@@ -334,10 +332,11 @@ def write_synthetic(data_dir: Path, sizes: dict[str, int] | None = None, seed: i
 # ---------------------------------------------------------------------------
 
 
+_HUB = {"dataset": "XSum/T5", "source": "the Hugging Face Hub", "plugin": "xsum"}
+
+
 def _no_hub(reason: str, data_dir: Path) -> DdlError:
-    return DdlError(f"could not download XSum/T5 from the Hugging Face Hub ({reason}); run "
-                    f"`ddl prepare --plugin xsum --data-dir {data_dir}` on a login node with "
-                    "internet access, or add --synthetic for generated data")
+    return datafiles.unreachable(reason=reason, data_dir=data_dir, **_HUB)
 
 
 def _probe_hub(data_dir: Path) -> None:
@@ -412,8 +411,7 @@ def download(data_dir: Path) -> Path:
     except DdlError:
         raise
     except Exception as exc:  # HF libraries raise many types for one failed request
-        raise datafiles.download_failure(exc, data_dir, "XSum/T5",
-                                         lambda e: _no_hub(_short(e), data_dir)) from None
+        raise datafiles.download_failure(exc, data_dir, reason=_short, **_HUB) from None
     return target
 
 
