@@ -79,9 +79,11 @@ def test_mid_epoch_resume_on_same_layout_is_bit_identical(runs, synthetic_mnist)
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
-def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist):
-    run_dir = runs / "as-pp"
-    _train(run_dir, synthetic_mnist, 2, "pp", 2, "--resume", str(runs / "first"))
+@pytest.mark.parametrize("nproc", [2, 4])  # 4 stages: rank 2 holds only MNIST's flatten
+def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist, nproc):
+    run_dir = runs / f"as-pp-{nproc}"
+    _train(run_dir, synthetic_mnist, nproc, "pp", 2, "--resume", str(runs / "first"),
+           "--checkpoint-every", "2")
     assert _max_relative(_weights(run_dir), _weights(runs / "whole")) < 1e-5
 
 

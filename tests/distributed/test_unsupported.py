@@ -9,8 +9,9 @@ pytestmark = pytest.mark.distributed
 
 @pytest.mark.parametrize("args, needles", [
     (["--strategy", "pp", "--nproc", "1"], ["--strategy pp", "at least 2 processes"]),
-    (["--strategy", "pp", "--nproc", "4"],  # MNIST has 3 blocks: at most 3 stages
-     ["4 pipeline stages need 3 split points", "at most 3 stages"]),
+    (["--strategy", "pp", "--nproc", "2", "--microbatches", "8", "--strategy-option",
+      "schedule=interleaved1f1b", "--strategy-option", "stages_per_rank=3"],
+     ["6 pipeline stages need 5 split points", "at most 4 stages"]),  # MNIST: 4 children
     (["--strategy", "pp", "--nproc", "2", "--microbatches", "5"],
      ["--microbatches", "does not divide the batch of 32"]),
     (["--strategy", "pp", "--nproc", "2", "--strategy-option", "schedule=zigzag"],

@@ -128,6 +128,9 @@ class Strategy(ABC):
 
         from ddl.checkpoint import rename_state
 
+        if not model.state_dict():  # a pipeline rank holding only parameter-free stages
+            self._checkpoint_names = {}  # (torch's get_state_dict refuses an empty model)
+            return {"model": {}, "optim": {}}
         model_state, optim_state = get_state_dict(
             model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
         state, self._checkpoint_names = rename_state(
@@ -142,6 +145,8 @@ class Strategy(ABC):
 
         from ddl.checkpoint import restore_names
 
+        if not state["model"]:  # nothing held here (see checkpoint_state)
+            return
         original = restore_names(state, self._checkpoint_names)
         set_state_dict(model, optimizer, model_state_dict=original["model"],
                        optim_state_dict=original["optim"],

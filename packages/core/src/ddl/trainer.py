@@ -158,8 +158,14 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     splits = workload.datasets(data_dir)
 
     seed_all(config.seed)  # identical initial weights on every rank
-    model = strategy.wrap(workload.build_model(), world)
-    optimizer = strategy.prepare_optimizer(workload.optimizer(model.parameters(), layout.lr))
+    model = workload.build_model()
+    # counted before wrapping: a pipeline rank keeps only its own stages afterwards
+    parameters = sum(p.numel() for p in model.parameters())
+    model = strategy.wrap(model, world)
+    # a pipeline rank may hold only parameter-free stages (MNIST's flatten); an empty group
+    # keeps its optimizer, lr schedule and checkpoint valid (torch refuses an empty list)
+    params = list(model.parameters()) or [{"params": []}]
+    optimizer = strategy.prepare_optimizer(workload.optimizer(params, layout.lr))
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
     precision = Precision.create(config.precision, world.device)
@@ -283,7 +289,7 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
     strategy_report = strategy.report(world)
     state = strategy.full_state_dict(model)
     results = _results(config, world, layout, workload, epochs, val_metrics, test_metrics,
-                       started, data_dir, model)
+                       started, data_dir, parameters)
     results["memory_per_rank"] = memory
     results["checkpoints"] = {
         "latest": str(checkpoint.latest(run_dir) or ""), "keep": config.keep_checkpoints,
@@ -357,7 +363,7 @@ def _save_model(state: dict[str, torch.Tensor], path: Path) -> None:
 
 def _results(config: RunConfig, world: World, layout: Layout, workload: Workload,
              epochs: list[dict[str, Any]], val: dict[str, float], test: dict[str, float],
-             started: float, data_dir: Path, model: torch.nn.Module) -> dict[str, Any]:
+             started: float, data_dir: Path, parameters: int) -> dict[str, Any]:
     measured = [e for e in epochs if not e["warmup"]] or epochs  # one epoch: nothing to drop
     epoch_time = sum(e["time_s"] for e in measured) / len(measured)
     return {
@@ -386,7 +392,7 @@ def _results(config: RunConfig, world: World, layout: Layout, workload: Workload
             "first_epoch_excluded": len(epochs) > 1,
         },
         "final": {"val": val, "test": test},
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": parameters,  # of the whole model, whatever the strategy
         "model_file": rundir.MODEL,
     }
 
