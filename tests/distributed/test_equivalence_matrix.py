@@ -78,6 +78,7 @@ RUNS = [
     ("mnist", "accelerate", 2, ()), ("mnist", "accelerate", 4, ()),
     ("mnist", "pp:gpipe", 2, _pp("gpipe", 4)),
     ("mnist", "pp:1f1b", 4, _pp("1f1b", 8)),  # 4 stages: the most MNIST's CNN has
+    ("mnist", "pp:1f1b", 4, (*_pp("1f1b", 4), "--mesh", "dp=2,pp=2")),  # 2 replicas x 2 stages
     ("cifar", "ddp", 4, ()), ("cifar", "fsdp", 4, ()), ("cifar", "accelerate", 4, ()),
     ("cifar-pp", "pp:gpipe", 4, _pp("gpipe", 4)),
     ("cifar-pp", "pp:1f1b", 2, _pp("1f1b", 4)),
@@ -253,12 +254,14 @@ def _assert_memory(strategy: str, nproc: int, one: dict, many: dict) -> None:
         assert per_rank == [full] * nproc
     elif strategy == "fsdp":
         assert max(per_rank) <= full / nproc * 1.10, (per_rank, full)
-    elif strategy == "pp":
-        assert sum(per_rank) == full and max(per_rank) < full, (per_rank, full)
+    elif strategy == "pp":  # each replica's stages hold one model between them
+        dp = many["world"]["dp_size"]
+        assert sum(per_rank) == dp * full and max(per_rank) < full, (per_rank, full)
 
 
 @pytest.mark.parametrize("setup_name, label, nproc, extra", RUNS,
-                         ids=[f"{s}-{label}-{n}" for s, label, n, _ in RUNS])
+                         ids=[f"{s}-{label}-{n}" + ("-mesh" if "--mesh" in extra else "")
+                              for s, label, n, extra in RUNS])
 def test_matches_one_process(tmp_path, data_dirs, references, setup_name, label, nproc,
                              extra):
     setup = SETUPS[setup_name]
@@ -269,7 +272,9 @@ def test_matches_one_process(tmp_path, data_dirs, references, setup_name, label,
     assert one["world"]["size"] == 1 and many["world"]["size"] == nproc
     assert many["strategy"] == strategy
     dp = many["world"]["dp_size"]
-    assert dp == {"pp": 1, "tp": 1, "fsdp+tp": 1}.get(strategy, nproc)
+    mesh = dict(d.split("=") for d in extra[extra.index("--mesh") + 1].split(",")) \
+        if "--mesh" in extra else {}
+    assert dp == int(mesh.get("dp", {"pp": 1, "tp": 1, "fsdp+tp": 1}.get(strategy, nproc)))
     assert many["batch"] == {"per_replica": setup.batch // dp, "global": setup.batch}
     assert one["steps_per_epoch"] == many["steps_per_epoch"] == 3
     if strategy == "pp":

@@ -12,6 +12,8 @@ pytestmark = pytest.mark.distributed
     (["--strategy", "pp", "--nproc", "2", "--microbatches", "8", "--strategy-option",
       "schedule=interleaved1f1b", "--strategy-option", "stages_per_rank=3"],
      ["6 pipeline stages need 5 split points", "at most 4 stages"]),  # MNIST: 4 children
+    (["--strategy", "pp", "--nproc", "4", "--mesh", "dp=3"],
+     ["--mesh: dp=3 x pp=? does not make a pipeline of the 4 processes", "dp x pp"]),
     (["--strategy", "pp", "--nproc", "2", "--microbatches", "5"],
      ["--microbatches", "does not divide the batch of 32"]),
     (["--strategy", "pp", "--nproc", "2", "--strategy-option", "schedule=zigzag"],

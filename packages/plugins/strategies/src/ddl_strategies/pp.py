@@ -26,6 +26,14 @@ step on the same batch. ddl divides them itself, once per parameter, rather than
 schedule scale each stage (``scale_grads``): a rank holding two stages that share a weight
 would divide that weight's gradient twice.
 
+Data parallel x pipeline (``--mesh dp=D,pp=P``, D x P = the world): D replicas of a
+P-rank pipeline, each fed its own share of the global batch. Ranks are laid out as
+torchtitan does, pipeline outermost: rank r holds stage r // D of replica r % D, so the D
+ranks of one stage (in a real job, one node's GPUs) all-reduce its gradients among
+themselves, and only the point-to-point hand-offs cross nodes. After each pipeline step
+the gradients are averaged over the replicas (one all-reduce per parameter, after the
+schedule: simple, not overlapped with the backward as DDP's buckets are).
+
 Stages may pass several tensors: a stage returning a tuple hands its elements to the next
 stage as positional arguments, and a batch whose inputs are a dict (token ids, masks)
 enters the first stage as its values in order. A weight that several stages use (T5's
@@ -88,14 +96,35 @@ class PipelineStrategy(Strategy):
         if world.size < 2:
             raise UsageError("--strategy pp: needs at least 2 processes (one per stage); "
                              "allowed: --nproc 2 or more")
+        self.dp, self.pp = self._mesh(world)
+        self.pp_rank, self.dp_rank = divmod(world.rank, self.dp)  # pipeline outermost
         self.workload, self.world = workload, world
-        self.n_stages = world.size * self.v
+        self.n_stages = self.pp * self.v
+
+    def _mesh(self, world: World) -> tuple[int, int]:
+        """(dp, pp) from ``--mesh``; without one, a single pipeline over every rank."""
+        mesh = dict(getattr(self.config, "mesh", None) or {})
+        unknown = sorted(set(mesh) - {"dp", "pp"})
+        if unknown:
+            raise UsageError(f"--mesh: pp has no dimension {unknown[0]!r}; allowed: dp, pp")
+        if "pp" in mesh:
+            pp = mesh["pp"]
+        elif "dp" in mesh and mesh["dp"] and world.size % mesh["dp"] == 0:
+            pp = world.size // mesh["dp"]
+        else:
+            pp = world.size if "dp" not in mesh else 0
+        dp = mesh.get("dp", world.size // pp if pp else 0)
+        if pp < 2 or dp < 1 or dp * pp != world.size:
+            raise UsageError(f"--mesh: dp={dp or '?'} x pp={pp or '?'} does not make a "
+                             f"pipeline of the {world.size} processes; allowed: pp >= 2 and "
+                             "dp x pp = the number of processes")
+        return dp, pp
 
     def data_parallel_size(self, world: World) -> int:
-        return 1  # every stage sees the whole batch (in microbatches)
+        return self.dp  # the stages of one replica see its whole share (in microbatches)
 
     def data_parallel_rank(self, world: World) -> int:
-        return 0
+        return self.dp_rank
 
     def check_layout(self, layout: Any) -> None:
         self.microbatches = self.config.microbatches or 2 * self.n_stages
@@ -104,15 +133,31 @@ class PipelineStrategy(Strategy):
                              f"{layout.batch_per_replica}; use a divisor of the batch")
 
     # --- building the pipeline ------------------------------------------------------------
-    def _my_stage_ids(self, world: World) -> list[int]:
-        # Interleaved/looped schedules give rank r the stages r, r + p, r + 2p, ...
-        return list(range(world.rank, self.n_stages, world.size))
+    def _my_stage_ids(self) -> list[int]:
+        # Interleaved/looped schedules give pipeline rank r the stages r, r + p, r + 2p, ...
+        return list(range(self.pp_rank, self.n_stages, self.pp))
+
+    def _groups(self, world: World) -> None:
+        """This rank's pipeline and data-parallel process groups (None: the whole world)."""
+        self.pp_group = self.dp_group = None
+        if self.dp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(world.device.type, (self.pp, self.dp),
+                                    mesh_dim_names=("pp", "dp"))
+            self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+
+    def _global_rank(self, pp_rank: int) -> int:
+        """The world rank of this replica's pipeline rank ``pp_rank``."""
+        return pp_rank * self.dp + self.dp_rank
 
     def wrap(self, model: nn.Module, world: World) -> nn.Module:
+        self._groups(world)
         stages = self.workload.pipeline_stages(model, self.n_stages)
-        self.stage_ids = self._my_stage_ids(world)
+        self.stage_ids = self._my_stage_ids()
         mine = nn.ModuleList(stages[i].to(world.device) for i in self.stage_ids)
-        self.stages = [PipelineStage(module, i, self.n_stages, world.device)
+        self.stages = [PipelineStage(module, i, self.n_stages, world.device,
+                                     group=self.pp_group)
                        for module, i in zip(mine, self.stage_ids)]
         for stage in self.stages:
             self._time_compute(stage)
@@ -124,21 +169,24 @@ class PipelineStrategy(Strategy):
             self.schedule = MULTI[self.schedule_name](self.stages, self.microbatches,
                                                       loss_fn=loss_fn, scale_grads=False)
         self.params = list(mine.parameters())  # each shared parameter once
-        self.shared = self._shared_across_ranks(mine, world)
+        self.shared = self._shared_across_ranks(mine, world, self.dp_rank)
         self.has_first = 0 in self.stage_ids
         self.has_last = self.n_stages - 1 in self.stage_ids
-        self.last_rank = (self.n_stages - 1) % world.size
+        self.last_rank = self._global_rank((self.n_stages - 1) % self.pp)
         return mine
 
     @staticmethod
-    def _shared_across_ranks(mine: nn.ModuleList, world: World) -> list[tuple[nn.Parameter, Any]]:
-        """Parameters this rank holds that other ranks hold a copy of (under a common name),
-        each with the process group of the ranks holding it, in an order all ranks agree
-        on (the all-reduces must match up). A collective."""
+    def _shared_across_ranks(mine: nn.ModuleList, world: World, replica: int
+                             ) -> list[tuple[nn.Parameter, Any]]:
+        """Parameters this rank holds that other ranks of its pipeline replica hold a copy
+        of (under a common name), each with the process group of the ranks holding it, in
+        an order all ranks agree on (the all-reduces must match up). A collective."""
         aliases: dict[int, tuple[nn.Parameter, set[str]]] = {}
         for stage in mine:
             for name, param in stage.named_parameters(remove_duplicate=False):
-                aliases.setdefault(id(param), (param, set()))[1].add(name)
+                # the replica in the name: copies are summed within a pipeline, not across
+                # replicas (those are averaged afterwards, like any other gradient)
+                aliases.setdefault(id(param), (param, set()))[1].add(f"{replica}:{name}")
         everyone: list[Any] = [None] * world.size
         dist.all_gather_object(everyone, [sorted(n) for _, n in aliases.values()])
         by_name: dict[str, dict[int, frozenset[str]]] = {}  # name -> rank -> its copy's names
@@ -196,10 +244,10 @@ class PipelineStrategy(Strategy):
         self._compute = 0.0
         # Every rank times the same window: the last stage finishes its part while the first
         # still runs p-1 backwards, idle time that (p-1)/(m+p-1) counts on every rank.
-        dist.barrier()
+        dist.barrier(group=self.pp_group)
         start = time.perf_counter()
         output, losses = self._run(self.schedule.step, inputs, targets, precision)
-        dist.barrier()
+        dist.barrier(group=self.pp_group)
         wall = time.perf_counter() - start
         for param in self.params:  # the mean over microbatches, not their sum
             if param.grad is not None:
@@ -208,6 +256,12 @@ class PipelineStrategy(Strategy):
             if param.grad is None:  # held but unused on this rank: contributes nothing
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad, group=group)
+        if self.dp > 1:  # average over the replicas, as DDP does
+            for param in self.params:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, group=self.dp_group)
+                param.grad.div_(self.dp)
         optimizer.step()
         self.steps += 1
         if self.steps > 1:  # the first step builds buffers and shapes: not a steady state
@@ -216,7 +270,7 @@ class PipelineStrategy(Strategy):
         # The loss lives on the last stage; every rank reports it.
         loss = torch.stack(losses).mean().detach() if self.has_last else \
             torch.zeros((), device=self.world.device)
-        dist.broadcast(loss, src=self.last_rank)
+        dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return loss, output if self.has_last else None
 
     def eval_step(self, model, inputs, targets, workload, precision):
@@ -241,8 +295,9 @@ class PipelineStrategy(Strategy):
         idle = 1.0 - self.busy / self.wall if self.wall else float("nan")
         per_rank: list[Any] = [None] * world.size
         dist.all_gather_object(per_rank, idle)
-        p, m, v = world.size, self.microbatches, self.v
+        p, m, v = self.pp, self.microbatches, self.v
         return {"schedule": self.schedule_name, "stages": self.n_stages, "stages_per_rank": v,
+                "dp": self.dp,
                 "microbatches": m, "bubble_measured_per_rank": per_rank,
                 "bubble_measured": sum(per_rank) / len(per_rank),
                 "bubble_theory": (p - 1) / (v * m + p - 1)}
