@@ -14,6 +14,10 @@ pytestmark = pytest.mark.distributed
      ["6 pipeline stages need 5 split points", "at most 4 stages"]),  # MNIST: 4 children
     (["--strategy", "pp", "--nproc", "4", "--mesh", "dp=3"],
      ["--mesh: dp=3 x pp=? does not make a pipeline of the 4 processes", "dp x pp"]),
+    (["--strategy", "ddp", "--nproc", "2", "--mesh", "dp=2,pp=2"],  # would be ignored
+     ["--mesh: ddp has no dimension 'dp'", "allowed: none"]),
+    (["--strategy", "fsdp", "--nproc", "2", "--microbatches", "4"],
+     ["--microbatches: fsdp does not split batches", "pipeline strategies (pp)"]),
     (["--strategy", "pp", "--nproc", "2", "--microbatches", "5"],
      ["--microbatches", "does not divide the batch of 32"]),
     (["--strategy", "pp", "--nproc", "2", "--strategy-option", "schedule=zigzag"],

@@ -44,8 +44,10 @@ def test_run_values_arrive_literally(capsys, tmp_path, data_dir, preset):
 @given(account=VALUES, job_name=VALUES)
 def test_sbatch_values_are_safe_or_rejected(capsys, account, job_name):
     capsys.readouterr()
-    argv = ["submit", *FIXED[2:], "--site", "jureca-dc", "--account", account,
-            "--job-name", job_name]
+    # --opt=value: a value may begin with "-" (as separate words argparse would read it as
+    # an option and refuse it, which says nothing about the sbatch quoting under test)
+    argv = ["submit", *FIXED[2:], "--site", "jureca-dc", f"--account={account}",
+            f"--job-name={job_name}"]
     try:
         code = main(argv)
     except UsageError:  # main() reports UsageErrors itself; it should never raise

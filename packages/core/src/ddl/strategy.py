@@ -24,6 +24,10 @@ class Strategy(ABC):
     name: str = ""
     #: Options a user may pass as ``--strategy-option KEY=VALUE``: name -> description.
     options_help: dict[str, str] = {}
+    #: Dimension names this strategy reads from ``--mesh`` (e.g. dp, tp).
+    mesh_dims: frozenset[str] = frozenset()
+    #: Whether ``--microbatches`` means something to this strategy.
+    uses_microbatches: bool = False
 
     def __init__(self, options: dict[str, str] | None = None) -> None:
         from ddl.errors import UsageError
@@ -59,8 +63,20 @@ class Strategy(ABC):
         raise UsageError(f"--strategy-option: {name}={value!r}; allowed: true, false")
 
     def configure(self, config: Any) -> None:
-        """Receive the run configuration (``--mesh``, ``--microbatches``) before check()."""
+        """Receive the run configuration (``--mesh``, ``--microbatches``) before check(),
+        refusing a mesh dimension or microbatches this strategy would silently ignore."""
+        from ddl.errors import UsageError
+
         self.config = config
+        unknown = sorted(set(getattr(config, "mesh", None) or {}) - self.mesh_dims)
+        if unknown:
+            allowed = ", ".join(sorted(self.mesh_dims)) or "none (--mesh is for strategies " \
+                "with several parallel dimensions, e.g. fsdp+tp, pp)"
+            raise UsageError(f"--mesh: {self.name} has no dimension {unknown[0]!r}; "
+                             f"allowed: {allowed}")
+        if getattr(config, "microbatches", None) and not self.uses_microbatches:
+            raise UsageError(f"--microbatches: {self.name} does not split batches into "
+                             "microbatches; it is for pipeline strategies (pp)")
 
     def check_layout(self, layout: Any) -> None:
         """Check the resolved batch layout (e.g. microbatches dividing the batch)."""

@@ -24,12 +24,10 @@ from ddl_strategies.tp import apply_tensor_parallel, full_state
 
 class FSDPTensorParallelStrategy(Strategy):
     name = "fsdp+tp"
+    mesh_dims = frozenset({"dp", "tp"})
 
     def check(self, workload: Workload, world: World) -> None:
-        mesh = dict(self.config.mesh)
-        unknown = sorted(set(mesh) - {"dp", "tp"})
-        if unknown:
-            raise UsageError(f"--mesh: fsdp+tp has no dimension {unknown[0]!r}; allowed: dp, tp")
+        mesh = dict(self.config.mesh)  # its dimensions are checked by configure()
         tp = mesh.get("tp") or (world.size // mesh["dp"] if mesh.get("dp") else 2)
         if world.size % tp:
             raise UsageError(f"--mesh: tp={tp} does not divide the world of {world.size} "

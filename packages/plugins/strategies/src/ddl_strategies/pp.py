@@ -71,6 +71,8 @@ MULTI = {"interleaved1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoope
 
 class PipelineStrategy(Strategy):
     name = "pp"
+    mesh_dims = frozenset({"dp", "pp"})
+    uses_microbatches = True
     options_help = {
         "schedule": "gpipe (default), 1f1b, interleaved1f1b, looped_bfs, interleaved_zb",
         "stages_per_rank": "stages each rank holds (default 2 for interleaved/looped, else 1)",
@@ -103,10 +105,7 @@ class PipelineStrategy(Strategy):
 
     def _mesh(self, world: World) -> tuple[int, int]:
         """(dp, pp) from ``--mesh``; without one, a single pipeline over every rank."""
-        mesh = dict(getattr(self.config, "mesh", None) or {})
-        unknown = sorted(set(mesh) - {"dp", "pp"})
-        if unknown:
-            raise UsageError(f"--mesh: pp has no dimension {unknown[0]!r}; allowed: dp, pp")
+        mesh = dict(getattr(self.config, "mesh", None) or {})  # dims checked by configure()
         if "pp" in mesh:
             pp = mesh["pp"]
         elif "dp" in mesh and mesh["dp"] and world.size % mesh["dp"] == 0:
