@@ -79,12 +79,25 @@ def test_mid_epoch_resume_on_same_layout_is_bit_identical(runs, synthetic_mnist)
     assert all(torch.equal(resumed[k], whole[k]) for k in whole)
 
 
-@pytest.mark.parametrize("nproc", [2, 4])  # 4 stages: rank 2 holds only MNIST's flatten
-def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist, nproc):
-    run_dir = runs / f"as-pp-{nproc}"
+@pytest.mark.parametrize("nproc, extra", [
+    (2, ()),
+    (4, ()),  # 4 stages: rank 2 holds only MNIST's flatten
+    (4, ("--mesh", "dp=2,pp=2")),  # 2 replicas of a 2-stage pipeline
+])
+def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist, nproc, extra):
+    run_dir = runs / f"as-pp-{nproc}-{len(extra)}"
     _train(run_dir, synthetic_mnist, nproc, "pp", 2, "--resume", str(runs / "first"),
-           "--checkpoint-every", "2")
+           "--checkpoint-every", "2", *extra)
     assert _max_relative(_weights(run_dir), _weights(runs / "whole")) < 1e-5
+    # what the pipeline wrote (every stage, once however many replicas hold it) is the model
+    from ddl.checkpoint import latest, load_model_weights
+    from ddl_mnist.plugin import PRESETS
+    from ddl_mnist.workload import MnistWorkload
+
+    model = MnistWorkload(PRESETS["tiny"]).build_model()
+    load_model_weights(latest(run_dir), model)
+    exported = _weights(run_dir)
+    assert all(torch.equal(model.state_dict()[k], exported[k]) for k in exported)
 
 
 def test_plain_single_process_model_loads_a_sharded_checkpoint(runs):
