@@ -60,9 +60,16 @@ def _train(tmp_path, data_dir, nproc, strategy="ddp"):
     return results, torch.load(run_dir / "model.pt", weights_only=True)
 
 
+@pytest.fixture(scope="module")
+def syncbn_reference(tmp_path_factory, prepared_cifar):
+    """One process, made once for the three strategies compared with it."""
+    return _train(tmp_path_factory.mktemp("syncbn-ref"), prepared_cifar, 1)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "accelerate"])
-def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cifar, strategy):
-    one, w1 = _train(tmp_path, prepared_cifar, 1)
+def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cifar,
+                                                          syncbn_reference, strategy):
+    one, w1 = syncbn_reference
     two, w2 = _train(tmp_path, prepared_cifar, 2, strategy)
     assert two["batch"] == {"per_replica": 32, "global": 64}
     torch.manual_seed(7)
@@ -78,26 +85,32 @@ def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cif
             assert two["final"][split][metric] == pytest.approx(value, rel=1e-4)
 
 
+def _train_tiny(tmp_path, data_dir, nproc, *more):
+    run_dir = tmp_path / f"pp{nproc}{len(more)}"
+    proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--lr", "0.01",
+                   "--global-batch-size", "32", "--epochs", "1", "--steps-per-epoch", "3",
+                   "--seed", "7", "--nproc", str(nproc), "--data-dir", str(data_dir),
+                   "--run-dir", str(run_dir), *more, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return (json.loads((run_dir / "results.json").read_text()),
+            torch.load(run_dir / "model.pt", weights_only=True))
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tmp_path_factory, prepared_cifar):
+    return _train_tiny(tmp_path_factory.mktemp("tiny-ref"), prepared_cifar, 1)
+
+
 @pytest.mark.parametrize("nproc, extra", [
     (2, ("--microbatches", "1")),  # GPipe, 2 stages
     (2, ("--microbatches", "1", "--strategy-option", "schedule=interleaved1f1b")),  # 4 stages
 ])
-def test_pipeline_matches_one_process(tmp_path, prepared_cifar, nproc, extra):
+def test_pipeline_matches_one_process(tmp_path, prepared_cifar, tiny_reference, nproc, extra):
     """Pipeline parallel on the ResNet. One microbatch: BatchNorm statistics are taken over
     a microbatch, so with several microbatches a BN model legitimately differs from one
     process; with one, every stage sees the whole batch and the weights must agree."""
-    def run(n, *more):
-        run_dir = tmp_path / f"pp{n}{len(more)}"
-        proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--lr", "0.01",
-                       "--global-batch-size", "32", "--epochs", "1", "--steps-per-epoch", "3",
-                       "--seed", "7", "--nproc", str(n), "--data-dir", str(prepared_cifar),
-                       "--run-dir", str(run_dir), *more, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return (json.loads((run_dir / "results.json").read_text()),
-                torch.load(run_dir / "model.pt", weights_only=True))
-
-    ref_results, ref = run(1)
-    results, weights = run(nproc, "--strategy", "pp", *extra)
+    ref_results, ref = tiny_reference
+    results, weights = _train_tiny(tmp_path, prepared_cifar, nproc, "--strategy", "pp", *extra)
     assert results["strategy_report"]["stages"] in (2, 4)
     for name, expected in ref.items():
         torch.testing.assert_close(weights[name], expected, rtol=1e-5, atol=1e-6)
