@@ -98,10 +98,22 @@ class PipelineStrategy(Strategy):
         if world.size < 2:
             raise UsageError("--strategy pp: needs at least 2 processes (one per stage); "
                              "allowed: --nproc 2 or more")
+        self._check_precision(world)
         self.dp, self.pp = self._mesh(world)
         self.pp_rank, self.dp_rank = divmod(world.rank, self.dp)  # pipeline outermost
         self.workload, self.world = workload, world
         self.n_stages = self.pp * self.v
+
+    def _check_precision(self, world: World) -> None:
+        """fp16 needs its loss scaled before the backward, which the schedule runs itself;
+        refuse it rather than train unscaled (gradients would underflow)."""
+        from ddl.precision import resolve
+
+        requested = getattr(self.config, "precision", "fp32")
+        if resolve(requested, world.device) == "fp16":
+            raise UsageError(f"--precision {requested}: pp does not scale fp16 losses (its "
+                             "schedule runs the backward); allowed with pp: fp32, bf16 (on "
+                             "GPUs without bf16, e.g. V100, pass --precision fp32)")
 
     def _mesh(self, world: World) -> tuple[int, int]:
         """(dp, pp) from ``--mesh``; without one, a single pipeline over every rank."""
