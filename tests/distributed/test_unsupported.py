@@ -30,8 +30,10 @@ pytestmark = pytest.mark.distributed
      ["--strategy fsdp+tp: workload mnist does not provide tp_plan"]),
     (["--global-batch-size", "63", "--nproc", "2"],
      ["--global-batch-size", "not divisible by the 2 data-parallel replicas"]),
+    (["--strategy", "fsdp", "--nproc", "2", "--strategy-option", "param_dtype=int8"],
+     ["param_dtype='int8'", "allowed: fp32, bf16, fp16"]),
     (["--strategy", "fsdp", "--nproc", "2", "--strategy-option", "shard=yes"],
-     ["fsdp has no option 'shard'", "allowed: reshard_after_forward"]),
+     ["fsdp has no option 'shard'", "reshard_after_forward"]),
 ])
 def test_unsupported_combination(tmp_path, synthetic_mnist, args, needles):
     run_dir = tmp_path / "run"

@@ -16,7 +16,11 @@ is one unit.
 
 Options (``--strategy-option``): ``reshard_after_forward`` (default true: free the gathered
 parameters after forward and gather again for backward; false keeps them, trading memory
-for one all-gather less per unit).
+for one all-gather less per unit). ``param_dtype`` and ``reduce_dtype`` (fp32, bf16, fp16;
+default: FSDP's, i.e. the parameters' fp32) form FSDP2's mixed-precision policy: gathered
+parameters, and so the unit's compute, in ``param_dtype`` (half the all-gather traffic at
+bf16), gradients reduce-scattered in ``reduce_dtype`` (fp32 keeps the average exact to
+fp32 rounding). The sharded parameters and the optimizer state stay fp32 either way.
 
 Checkpoints are sharded through ``torch.distributed.checkpoint``; ``full_state_dict``
 gathers plain tensors for export.
@@ -28,9 +32,10 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ddl.distributed import World
+from ddl.errors import UsageError
 from ddl.strategy import Strategy
 from ddl.workload import Workload
 
@@ -38,11 +43,27 @@ from ddl.workload import Workload
 class FSDPStrategy(Strategy):
     name = "fsdp"
     options_help = {"reshard_after_forward": "free gathered parameters after forward "
-                                             "(default true)"}
+                                             "(default true)",
+                    "param_dtype": "dtype of gathered parameters and compute: fp32, bf16, "
+                                   "fp16 (default fp32)",
+                    "reduce_dtype": "dtype of the gradient reduce-scatter: fp32, bf16, fp16 "
+                                    "(default: param_dtype)"}
+    DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
     def __init__(self, options=None) -> None:
         super().__init__(options)
         self.workload: Workload | None = None
+        for name in ("param_dtype", "reduce_dtype"):
+            value = self.options.get(name)
+            if value is not None and value not in self.DTYPES:
+                raise UsageError(f"--strategy-option: {name}={value!r}; allowed: "
+                                 f"{', '.join(self.DTYPES)}")
+
+    def mixed_precision(self) -> MixedPrecisionPolicy:
+        """FSDP2's policy from the options (unset: FSDP's own default, no casting)."""
+        param, reduce = (self.options.get(n) for n in ("param_dtype", "reduce_dtype"))
+        return MixedPrecisionPolicy(param_dtype=self.DTYPES.get(param),
+                                    reduce_dtype=self.DTYPES.get(reduce))
 
     def check(self, workload: Workload, world: World) -> None:
         self.workload = workload  # wrap() asks it for the sharding units
@@ -51,12 +72,19 @@ class FSDPStrategy(Strategy):
         model = model.to(world.device)
         mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("dp",))
         reshard = self.option_flag("reshard_after_forward", True)
+        policy = self.mixed_precision()
         units = self.workload.fsdp_units(model) if self.workload else []
         for unit in units:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         # The root holds what no unit owns (stem, head, norms) and drives the schedule.
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
+
+    def report(self, world: World) -> dict:
+        return {"reshard_after_forward": self.option_flag("reshard_after_forward", True),
+                "param_dtype": self.options.get("param_dtype", "fp32"),
+                "reduce_dtype": self.options.get("reduce_dtype",
+                                                 self.options.get("param_dtype", "fp32"))}
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # A collective: every rank takes part; with cpu_offload only rank 0 keeps the result.
