@@ -66,7 +66,7 @@ class Settings:
     # host thread waits for a GPU kernel: the schedule, the p2p hand-offs, the autograd and
     # ddl's timers are all real, only the arithmetic is replaced by a known duration
     compute: str = "matmul"
-    accelerator_forward_ms: float = 20.0  # per layer; backward takes twice as long
+    accelerator_forward_ms: float = 40.0  # per layer; backward takes twice as long
 
 
 def _toy_workload(settings: Settings):

@@ -6,8 +6,9 @@ idle fraction is a ratio of two times measured in the same run.
 
 The 10 % acceptance bar is checked with ``--compute accelerator``: each layer holds the host
 for a fixed time, as a host waits for its GPU, so the split is balanced by construction and
-the CPU is free for the hand-offs. This stands in for a GPU node (none here); the schedule,
-the communication and the timers are the real ones. With real matmuls on this 2-core VM
+the CPU is free for the hand-offs (40 ms per layer forward: measured 1-5 % above theory on
+a quiet machine, 8-10 % with two CPU hogs beside it). This stands in for a GPU node (none
+here); the schedule, the communication and the timers are the real ones. With real matmuls on this 2-core VM
 (``--compute matmul``) op times vary by 10-20 % and each hand-off waits for the OS
 scheduler, so that run is held to a looser bar that still catches a broken timer.
 """
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.distributed
 def _bubble(tmp_path, *args):
     out = tmp_path / "bubble.json"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "pp_bubble.py"), "--steps", "4",
+        [sys.executable, str(REPO / "benchmarks" / "pp_bubble.py"), "--steps", "3",
          "--out", str(out), *args],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
