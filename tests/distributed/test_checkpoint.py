@@ -80,7 +80,6 @@ def test_mid_epoch_resume_on_same_layout_is_bit_identical(runs, synthetic_mnist)
 
 
 @pytest.mark.parametrize("nproc, extra", [
-    (2, ()),
     (4, ()),  # 4 stages: rank 2 holds only MNIST's flatten
     (4, ("--mesh", "dp=2,pp=2")),  # 2 replicas of a 2-stage pipeline
 ])
