@@ -118,17 +118,12 @@ class PipelineStrategy(Strategy):
     def _mesh(self, world: World) -> tuple[int, int]:
         """(dp, pp) from ``--mesh``; without one, a single pipeline over every rank."""
         mesh = dict(getattr(self.config, "mesh", None) or {})  # dims checked by configure()
-        if "pp" in mesh:
-            pp = mesh["pp"]
-        elif "dp" in mesh and mesh["dp"] and world.size % mesh["dp"] == 0:
-            pp = world.size // mesh["dp"]
-        else:
-            pp = world.size if "dp" not in mesh else 0
-        dp = mesh.get("dp", world.size // pp if pp else 0)
-        if pp < 2 or dp < 1 or dp * pp != world.size:
-            raise UsageError(f"--mesh: dp={dp or '?'} x pp={pp or '?'} does not make a "
-                             f"pipeline of the {world.size} processes; allowed: pp >= 2 and "
-                             "dp x pp = the number of processes")
+        dp = mesh.get("dp") or (world.size // mesh["pp"] if mesh.get("pp") else 1)
+        pp = mesh.get("pp") or world.size // dp
+        if pp < 2 or dp * pp != world.size:
+            raise UsageError(f"--mesh: dp={dp} x pp={pp} does not make a pipeline of the "
+                             f"{world.size} processes; allowed: pp >= 2 and dp x pp = the "
+                             "number of processes")
         return dp, pp
 
     def data_parallel_size(self, world: World) -> int:
