@@ -10,13 +10,12 @@ from torch.utils.data import DataLoader
 from common import arguments, report, workload
 
 
-def main():
-    args = arguments()
-    accelerator = Accelerator(cpu=True)
+def train(args, accelerator: Accelerator) -> tuple[list[float], str]:
+    """Two epochs; the per-epoch times and the wrapper's class name."""
     torch.manual_seed(args.seed)
     wl, preset = workload(args.plugin, args.preset)
-    train = wl.datasets(args.data_dir)["train"]
-    loader = DataLoader(train, batch_size=preset.batch_size, shuffle=True, drop_last=True)
+    dataset = wl.datasets(args.data_dir)["train"]
+    loader = DataLoader(dataset, batch_size=preset.batch_size, shuffle=True, drop_last=True)
     model = wl.build_model()
     optimizer = wl.optimizer(model.parameters(), preset.lr)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -33,11 +32,21 @@ def main():
             accelerator.backward(loss)
             optimizer.step()
         epoch_times.append(time.perf_counter() - t0)
+    return epoch_times, type(model).__name__
+
+
+def main():
+    args = arguments()
+    accelerator = Accelerator(cpu=True)
+    epoch_times, wrapper = train(args, accelerator)
     if accelerator.is_main_process:
         # that it really ran data-parallel: several processes, the model wrapped in DDP
         report(args.out, epoch_times, args.steps,
                distributed_type=str(accelerator.distributed_type),
-               num_processes=accelerator.num_processes, wrapper=type(model).__name__)
+               num_processes=accelerator.num_processes, wrapper=wrapper)
+    # the prepared DDP model must be gone before the process group is (see plain_ddp.py)
+    accelerator.free_memory()
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 

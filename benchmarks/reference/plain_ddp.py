@@ -14,15 +14,15 @@ from torch.utils.data.distributed import DistributedSampler
 from common import arguments, report, workload
 
 
-def main():
-    args = arguments()
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+def train(args) -> list[float]:
+    """Two epochs; the per-epoch times. The model and its DDP reducer die when this returns,
+    before the process group is destroyed (a DDP still alive at destroy_process_group
+    sometimes aborts the process at exit: "terminate called without an active exception")."""
     torch.manual_seed(args.seed)
     wl, preset = workload(args.plugin, args.preset)
-    train = wl.datasets(args.data_dir)["train"]
-    sampler = DistributedSampler(train, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(train, batch_size=preset.batch_size, sampler=sampler, drop_last=True)
+    dataset = wl.datasets(args.data_dir)["train"]
+    sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=preset.batch_size, sampler=sampler, drop_last=True)
     model = DDP(wl.build_model())
     optimizer = wl.optimizer(model.parameters(), preset.lr)
     device = torch.device("cpu")
@@ -39,8 +39,16 @@ def main():
             loss.backward()
             optimizer.step()
         epoch_times.append(time.perf_counter() - t0)
-    if rank == 0:
+    return epoch_times
+
+
+def main():
+    args = arguments()
+    dist.init_process_group("gloo")
+    epoch_times = train(args)
+    if dist.get_rank() == 0:
         report(args.out, epoch_times, args.steps)
+    dist.barrier()
     dist.destroy_process_group()
 
 

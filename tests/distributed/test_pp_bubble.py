@@ -10,7 +10,8 @@ the CPU is free for the hand-offs (40 ms per layer forward: measured 1-5 % above
 a quiet machine, 8-10 % with two CPU hogs beside it). This stands in for a GPU node (none
 here); the schedule, the communication and the timers are the real ones. With real matmuls on this 2-core VM
 (``--compute matmul``) op times vary by 10-20 % and each hand-off waits for the OS
-scheduler, so that run is held to a looser bar that still catches a broken timer.
+scheduler, so that run is held to a wide bar (0.75-2x theory) that still catches a broken
+timer; benchmarks/pp_bubble.py --compute matmul records the CPU numbers.
 """
 
 import json
@@ -54,7 +55,9 @@ def test_bubble_with_cpu_matmuls_is_near_theory(tmp_path):
     row = _bubble(tmp_path, "--compute", "matmul", "--schedules", "gpipe",
                   "--microbatches", "4")
     theory = 0.2
-    # measured on a quiet run 0.22-0.25 (hand-offs wait for the scheduler, op times vary);
-    # a timer that missed a stage's compute or counted waits as compute would be far off
-    assert row["bubble_measured"] == pytest.approx(theory, rel=0.35), \
+    # Quiet runs read 0.22-0.25, a loaded CI machine 0.27 (hand-offs wait for the OS
+    # scheduler, op times vary), so this bar is wide on purpose: it catches a broken timer,
+    # not a slow machine. Counting the waits as compute would read near 0; missing a
+    # stage's compute, or the schedule serialising the stages, would read 0.5 or more.
+    assert theory * 0.75 <= row["bubble_measured"] <= theory * 2, \
         (row, row["cpu_per_busy_second_per_rank"])
