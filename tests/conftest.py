@@ -13,17 +13,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DDL = str(Path(sys.executable).with_name("ddl"))  # the console script of this venv
 
-# Every process the tests start computes on one intra-op thread, as each worker of a
-# multi-process run does (ddl.launch). A single-process reference on 2 threads splits
-# oneDNN's convolution reductions differently, and the tiny ResNet (plain BatchNorm) grows
-# that rounding from 6e-8 to 8e-3 in three SGD steps (measured on an AMD EPYC host), which
-# would fail the 1e-5 comparisons for a reason that is not ddl's.
-os.environ["OMP_NUM_THREADS"] = "1"
-
 
 def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
+    # One intra-op thread, as every worker of a multi-process run has (ddl.launch): a
+    # single-process reference on 2 threads splits oneDNN's convolution reductions
+    # differently, and the tiny ResNet (plain BatchNorm) grows that rounding from 6e-8 to
+    # 8e-3 in three SGD steps (measured on an AMD EPYC host), failing 1e-5 comparisons for a
+    # reason that is not ddl's. (The pytest process itself keeps torch's default.)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([DDL, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -70,26 +68,31 @@ def synthetic_xsum(tmp_path_factory) -> Path:
 def assert_same_weights(got: dict, want: dict, *, adam: bool = False) -> None:
     """Parameters equal to 1e-5 relative, as the equivalence tests ask.
 
-    SGD-trained models: element by element (rtol 1e-5, atol 1e-6; BatchNorm running
-    statistics, averages of nearly cancelling activations, 1e-5 absolute).
-    AdamW-trained models (xsum): each tensor's relative error ||got - want|| / ||want||
-    is at most 1e-5, and no element is off by 1e-4 (2 % of one step at lr 5e-3). Adam
-    divides every update by the gradient's running magnitude, so for the few weights whose
-    gradient is ~0, a different summation order (a sharded or pipelined product) changes
-    the update by a visible fraction of a step: measured, 7-10 of T5-tiny's 390k elements
-    differ by 1e-5 to 3e-5 while every tensor agrees to 1e-6 to 3e-6 relative.
+    The tolerance is rtol 1e-5 with an absolute floor of 1e-6 (1e-5 for BatchNorm running
+    statistics, averages of nearly cancelling activations); integer buffers are exact.
+    SGD-trained models (mnist, cifar) are compared element by element.
+    AdamW-trained models (imagewoof, xsum) are compared per tensor,
+    ||got - want|| <= 1e-5 ||want|| + atol sqrt(numel), and no element may be off by 1e-4.
+    Adam divides every update by the gradient's running magnitude, so for the few weights
+    whose gradient is ~0 a different summation order (a sharded or pipelined product)
+    changes the update by a visible fraction of a step: measured, 7-10 of T5-tiny's 390k
+    elements differ by 1e-5 to 3e-5 while every tensor agrees to 1e-6 to 3e-6 relative;
+    xresnet's worst element differs by 5e-5, its tensor by 5e-6.
     """
     import torch
 
     assert got.keys() == want.keys()
     for name, expected in want.items():
         actual = got[name]
-        if not adam:
-            atol = 1e-5 if "running_" in name else 1e-6
+        atol = 1e-5 if "running_" in name else 1e-6
+        if not torch.is_floating_point(expected):
+            assert torch.equal(actual, expected), name
+        elif not adam:
             torch.testing.assert_close(actual, expected, rtol=1e-5, atol=atol,
                                        msg=lambda m, n=name: f"{n}: {m}")
-            continue
-        diff = actual.double() - expected.double()
-        relative = float(diff.norm() / expected.double().norm().clamp(min=1e-30))
-        assert relative <= 1e-5, (name, relative)
-        assert float(diff.abs().max()) < 1e-4, (name, float(diff.abs().max()))
+        else:
+            diff = (actual.double() - expected.double()).norm()
+            bound = 1e-5 * float(expected.double().norm()) + atol * expected.numel() ** 0.5
+            assert float(diff) <= bound, (name, float(diff), bound)
+            worst = float((actual.double() - expected.double()).abs().max())
+            assert worst < 1e-4, (name, worst)
