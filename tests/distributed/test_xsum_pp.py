@@ -50,9 +50,9 @@ def single(tmp_path_factory, xsum_data):
 
 @pytest.mark.parametrize("cuts", [[2], [1], [3], [1, 2, 3]])
 def test_stages_compose_to_the_model(cuts):
-    """Run one after another, the stages give the model's logits exactly and its gradients
-    up to rounding (a stack's position table, used by two stages, accumulates two sums in
-    another order), and their state dicts together are the model's."""
+    """Run one after another, the stages give the model's logits and its gradients up to
+    rounding (a stack's position table, used by two stages, accumulates two sums in another
+    order), and their state dicts together are the model's."""
     from transformers import T5ForConditionalGeneration
 
     from ddl_xsum import data
@@ -76,7 +76,10 @@ def test_stages_compose_to_the_model(cuts):
     carry = (ids, mask, decoder_ids)
     for stage in stages:
         carry = stage(*carry)
-    torch.testing.assert_close(carry, expected, rtol=0, atol=0)
+    # bit-equal on earlier hosts; 1.5e-6 apart on this AMD EPYC one, where the
+    # stages' differently shaped products take other oneDNN kernels
+    torch.testing.assert_close(carry, expected, rtol=1e-6,
+                               atol=1e-6 * float(expected.abs().max()))
     carry.square().mean().backward()
     for name, param in model.named_parameters():
         scale = float(grads[name].abs().max())
