@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 from ddl import __version__
