@@ -315,12 +315,13 @@ def test_jobs_see_the_cluster_name(slurm):
 def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, synthetic_mnist,
                                                                        tmp_path):
     """A 2-minute job whose training needs longer: Slurm signals the batch script
-    (--signal=B:USR1@90: 30 s after the start, checked by slurmctld about every 30 s), the
-    run checkpoints and stops, the script requeues the job, the requeued job resumes (each
-    run trains ~20-60 s); meanwhile the same run without a time limit goes through on the
-    other node. Both end with the same weights."""
+    (--signal=B:USR1@90: 30 s after the start, checked by slurmctld about every 30 s, so
+    it lands 30-60 s in), the run checkpoints and stops, the script requeues the job, the
+    requeued job resumes; meanwhile the same run without a time limit goes through on the
+    other node. Both end with the same weights. 40 epochs take ~80 s on two idle cores
+    (3 epochs, ~6 s, once finished before the signal came)."""
     run = ["--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "16", "--epochs",
-           "3", "--seed", "7", "--checkpoint-every", "25", "--data-dir", str(synthetic_mnist),
+           "40", "--seed", "7", "--checkpoint-every", "25", "--data-dir", str(synthetic_mnist),
            "--site", "local-slurm", "--nodes", "1", "--gpus-per-node", "2"]
     jobs = {}
     for name, limits in (("limited", ["--time", "2", "--stop-margin", "90"]),
