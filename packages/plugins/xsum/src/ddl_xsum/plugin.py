@@ -26,7 +26,7 @@ PRESETS = {
         epochs=3, batch_size=16, lr=5e-3,
         options={"model": "t5-tiny", "tokenizer": "t5-base", "max_source_length": 128,
                  "max_target_length": 32, "source_prefix": "", "loss_reduction": "samples",
-                 "lr_gamma": 0.7, "rouge": True, "rouge_samples": 64,
+                 "lr_gamma": 0.7, "rouge": True, "rouge_samples": 16,
                  "train_samples": 1024, "eval_samples": 128},
     ),
 }
