@@ -22,7 +22,8 @@ import pytest
 
 from conftest import REPO
 
-pytestmark = pytest.mark.distributed
+# serial: the bubble is a ratio of times, read with no other test on the CPU
+pytestmark = [pytest.mark.distributed, pytest.mark.serial]
 
 
 def _bubble(tmp_path, *args):
