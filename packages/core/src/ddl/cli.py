@@ -155,7 +155,8 @@ def make_parser() -> argparse.ArgumentParser:
     _measure_parsers(sub)
 
     sub.add_parser("plugins", help="list installed workloads and strategies")
-    sites = sub.add_parser("sites", help="list known site profiles; `sites show NAME` prints one")
+    sites = sub.add_parser("sites", help="list known site profiles (name, short names, "
+                           "description, file); `sites show NAME` prints one")
     sites.add_argument("action", nargs="?", choices=["list", "show"], default="list")
     sites.add_argument("name", nargs="?", help="profile to show")
     doctor = sub.add_parser("doctor", help="check this node for what a job needs")
@@ -471,7 +472,7 @@ def cmd_sites(ns: argparse.Namespace) -> int:
     import json
 
     from ddl.plugins import Plugins
-    from ddl.sites import get_site, known_sites, load_profile
+    from ddl.sites import aliases, get_site, known_sites, load_profile
 
     plugins = Plugins()
     if ns.action == "show":
@@ -482,12 +483,14 @@ def cmd_sites(ns: argparse.Namespace) -> int:
         print(f"# {profile.source}")
         print(json.dumps(profile.model_dump(mode="json"), indent=2))
         return 0
+    short = aliases(plugins)
     for name, path in known_sites(plugins).items():
         try:
             description = load_profile(path).description
         except UsageError as exc:
             description = f"INVALID: {exc}"
-        print(f"  {name:<16} {description}  [{path}]")
+        also = ", ".join(a for a, p in short.items() if p == name)
+        print(f"  {name:<16} {also or '-':<8} {description}  [{path}]")
     return 0
 
 

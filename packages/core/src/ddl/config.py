@@ -123,7 +123,7 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
     Preset defaults are applied by the worker, which knows the world size (see
     :func:`resolve_batch`).
     """
-    from ddl.sites import detect_site, get_site
+    from ddl.sites import detect_site, get_site, resolve_name
 
     user = {**(file_values or {}), **flags}
     try:
@@ -136,8 +136,10 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
         site_note = f"site auto -> {name} ({why})"
         user["site"] = name
     else:
-        site_note = f"site {first.site} (given)"
-    site = get_site(user.get("site", first.site), plugins)
+        user["site"] = resolve_name(first.site, plugins)  # an alias becomes the profile's name
+        shown = first.site if first.site == user["site"] else f"{first.site} = {user['site']}"
+        site_note = f"site {shown} (given)"
+    site = get_site(user["site"], plugins)
     merged: dict[str, Any] = site.defaults.model_dump(exclude_none=True)
     merged.update(user)
     data_dir_is_default = "data_dir" not in user

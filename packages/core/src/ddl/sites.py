@@ -119,8 +119,14 @@ class SiteDefaults(_Strict):
         "(laptops and CI only; clusters must say which `ddl prepare` to run)")
 
 
+SITE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
 class SiteProfile(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(pattern=SITE_NAME)
+    aliases: list[Annotated[str, Field(pattern=SITE_NAME)]] = Field(
+        default_factory=list, description="short names `--site` also accepts (e.g. 'lumi' "
+        "for lumi-g); a name that is a profile's file name always means that profile")
     description: str = Field(pattern=ONE_LINE)
     detect: Detect = Detect()
     accelerator: Literal["cpu", "cuda", "rocm"]
@@ -215,11 +221,40 @@ def known_sites(plugins=None) -> dict[str, Path]:
     return _profile_files(plugins)
 
 
-def get_site(name: str, plugins=None) -> SiteProfile:
+def aliases(plugins=None) -> dict[str, str]:
+    """alias -> profile name, over every readable profile. A profile that fails to load is
+    left out here (``ddl sites`` reports it); an alias that is also a profile's own name, or
+    that two profiles claim, is ignored: the first profile found (site_dirs order) keeps it,
+    as with profile files themselves."""
     files = _profile_files(plugins)
-    if name not in files:
-        raise UsageError(f"--site: unknown site {name!r}; allowed: {', '.join(sorted(files))}")
-    return load_profile(files[name])
+    found: dict[str, str] = {}
+    for name, path in files.items():
+        try:
+            profile = load_profile(path)
+        except UsageError:
+            continue
+        for alias in profile.aliases:
+            if alias not in files:
+                found.setdefault(alias, name)
+    return found
+
+
+def resolve_name(name: str, plugins=None) -> str:
+    """The profile a ``--site`` value means: its own name, or the profile that lists it as an
+    alias (``lumi`` -> ``lumi-g``)."""
+    files = _profile_files(plugins)
+    if name in files:
+        return name
+    short = aliases(plugins)
+    if name in short:
+        return short[name]
+    allowed = sorted([*files, *(f"{a} (= {p})" for a, p in short.items())])
+    raise UsageError(f"--site: unknown site {name!r}; allowed: {', '.join(allowed)}")
+
+
+def get_site(name: str, plugins=None) -> SiteProfile:
+    """The profile called ``name`` (or listing ``name`` among its aliases)."""
+    return load_profile(_profile_files(plugins)[resolve_name(name, plugins)])
 
 
 def detect_site(plugins=None, env=None, hostname: str | None = None) -> tuple[str, str]:
