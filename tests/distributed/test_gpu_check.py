@@ -1,0 +1,152 @@
+"""The GPU check kit in its CPU mode, end to end: real `ddl prepare` / `ddl train`
+subprocesses and the kit's probes, on the CPU with gloo, so the kit cannot rot between the
+rare loans of a GPU machine. Its JSON is checked against the documented schema with the
+kit's own validator (jsonschema is not among the development packages), and that validator
+is shown to reject broken documents.
+
+The GPU path itself (cuda, NCCL, fp16, pinned memory, NVML) cannot run here: no GPU."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.distributed
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_kit import checks, report  # noqa: E402
+
+KIT = str(REPO / "benchmarks" / "gpu_check.py")
+
+
+def _kit(out_dir, *args, timeout=400):
+    proc = subprocess.run([sys.executable, KIT, "--cpu", "--out-dir", str(out_dir), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    written = sorted(out_dir.glob("gpu_check-cpu-*.json"))
+    assert len(written) == 1, proc.stdout + proc.stderr
+    assert written[0].with_suffix(".md").exists()
+    return proc, json.loads(written[0].read_text()), written[0].with_suffix(".md").read_text()
+
+
+def test_cpu_mode_end_to_end(tmp_path):
+    """One run of the kit (~80 s on 2 cores), checked three ways below; one test, so that
+    pytest-xdist cannot run the kit once per worker."""
+    proc, doc, summary = _kit(tmp_path / "out", "--work", str(tmp_path / "work"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _runs_its_subset_and_lists_every_gpu_check(doc, summary)
+    _training_checks_report_what_ran_and_the_measurements(doc)
+    _the_validator_rejects_broken_documents(doc)
+    _gpu_verdicts_from_a_gpu_shaped_results_file(tmp_path / "work" / "runs")
+
+
+def _runs_its_subset_and_lists_every_gpu_check(doc, summary):
+    assert report.validate(doc) == []
+    by_name = {c["name"]: c for c in doc["checks"]}
+    # the same checks as the GPU mode, in the same order; the CPU runs its subset only
+    assert list(by_name) == [c.name for c in checks.plan(gpu=True)]
+    assert {n for n, c in by_name.items() if c["status"] == "ok"} == checks.CPU_SUBSET
+    assert "needs a GPU" in by_name["tiny-xsum-fp16"]["note"]
+    assert doc["mode"] == "cpu" and doc["site"] == "mn5-acc"  # its peak, with --device cpu
+    for name, check in by_name.items():
+        assert f"| {name} | {check['status']} |" in summary
+
+
+def _training_checks_report_what_ran_and_the_measurements(doc):
+    by_name = {c["name"]: c for c in doc["checks"]}
+    peak = by_name["matmul-peak"]["numbers"]["peak_flops"]
+    assert peak > 1e8  # any CPU does more than 0.1 GFLOP/s on one thread
+    fsdp = by_name["fsdp-xsum-bf16"]["numbers"]
+    assert (fsdp["strategy"], fsdp["precision"], fsdp["backend"], fsdp["device"]) == \
+        ("fsdp", "bf16", "gloo", "cpu")
+    for name in ("fsdp-xsum-bf16", "course-mnist-bf16", "profile-mnist"):
+        n = by_name[name]["numbers"]
+        assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
+        assert n["mfu_vs_measured_peak"] == pytest.approx(n["achieved_flops_per_device"] / peak)
+        assert n["profile_peak_flops"] > 0
+        assert n["mfu_vs_profile_peak"] == pytest.approx(n["achieved_flops_per_device"]
+                                                         / n["profile_peak_flops"])
+        assert 0 < n["model_state_bytes"] < n["peak_rss_bytes"]
+    assert by_name["course-mnist-bf16"]["numbers"]["preset"] == "course"
+    assert by_name["profile-mnist"]["numbers"]["profile_op_time_s"] > 0
+    loader = by_name["loader-pinned"]["numbers"]
+    assert loader["unpinned_batches_per_s"] > 0 and loader["unpinned_arrived_pinned"] is False
+
+
+def _the_validator_rejects_broken_documents(doc):
+    breakages = {
+        "status": lambda d: d["checks"][0].update(status="passed"),
+        "missing": lambda d: d["checks"][1].pop("seconds"),
+        "extra": lambda d: d.update(verdict="fine"),
+        "number type": lambda d: d["checks"][1]["numbers"].update(shape=[1, 2]),
+        "counts": lambda d: d["counts"].update(ok=d["counts"]["ok"] + 1),
+        "silent failure": lambda d: d["checks"][1].update(status="fail", error_tail=None),
+        "silent skip": lambda d: d["checks"][0].update(note=None),
+        "bad name": lambda d: d["checks"][0].update(name="Tiny MNIST"),
+    }
+    for what, breaking in breakages.items():
+        broken = copy.deepcopy(doc)
+        breaking(broken)
+        assert report.validate(broken), what
+
+
+def test_budget_and_timeouts_turn_into_skipped_and_failed_checks(tmp_path):
+    proc, doc, _ = _kit(tmp_path / "budget", "--budget", "1", timeout=60)
+    assert proc.returncode == 0, proc.stderr  # nothing ran, nothing failed
+    assert report.validate(doc) == []
+    assert all(c["status"] == "skipped" for c in doc["checks"])
+    assert "budget: " in {c["name"]: c for c in doc["checks"]}["environment"]["note"]
+
+    # torch cannot be imported in 0.2 s: the probe is stopped and the check fails
+    proc, doc, _ = _kit(tmp_path / "timeout", "--only", "environment",
+                        "--per-run-timeout", "0.2", timeout=60)
+    assert proc.returncode == 1
+    env = {c["name"]: c for c in doc["checks"]}["environment"]
+    assert env["status"] == "fail" and "timed out" in env["error_tail"]
+    assert {c["status"] for c in doc["checks"] if c["name"] != "environment"} == {"skipped"}
+
+
+def test_install_without_carried_wheels_fails_in_its_check(tmp_path):
+    """--install against an empty wheel folder: the check fails naming the fix, and the
+    development venv is never touched (pip does not run)."""
+    proc, doc, _ = _kit(tmp_path / "out", "--install", "--only", "install",
+                        "--wheels", str(tmp_path / "no-wheels"), timeout=60)
+    assert proc.returncode == 1
+    install = doc["checks"][0]
+    assert install["name"] == "install" and install["status"] == "fail"
+    assert "--fetch-wheels" in install["error_tail"]
+
+
+def _gpu_verdicts_from_a_gpu_shaped_results_file(runs):
+    """The GPU mode's verdict on a results.json, shown on this run's real file rewritten
+    as a GPU run would write it (a stand-in: no GPU here)."""
+    real = json.loads((runs / "course-mnist-bf16" / "results.json").read_text())
+    real["world"].update(device="cuda", backend="nccl")
+    state = real["memory_per_rank"][0]["model_state_bytes"]
+    real["memory_per_rank"][0]["device_peak_allocated_bytes"] = 3 * state
+    check = next(c for c in checks.plan(gpu=True) if c.name == "course-mnist-bf16")
+
+    def verdict(change=lambda r: None):
+        results = copy.deepcopy(real)
+        change(results)
+        path = runs / "gpu-shaped.json"
+        path.write_text(json.dumps(results))
+        return checks.evaluate_train(check, path, gpu=True, matmul_peak=1e15,
+                                     nvml_peak=None, nvml_baseline=None)
+
+    numbers, problems = verdict()
+    assert problems == [] and numbers["device_peak_over_model_state"] == pytest.approx(3)
+    wrong = {
+        "world.backend is gloo": lambda r: r["world"].update(backend="gloo"),
+        "precision is fp32": lambda r: r.update(precision="fp32"),
+        "below ddl's model state": lambda r: r["memory_per_rank"][0].update(
+            device_peak_allocated_bytes=state - 1),
+        "no device_peak_allocated_bytes": lambda r: r["memory_per_rank"][0].pop(
+            "device_peak_allocated_bytes"),
+        "test loss is nan": lambda r: r["final"]["test"].update(loss=float("nan")),
+    }
+    for needle, change in wrong.items():
+        assert any(needle in p for p in verdict(change)[1]), needle
