@@ -115,3 +115,15 @@ def test_node_launchers_get_the_rendezvous_timeout(launcher, conf):
     command = node_launcher_command(launcher, get_site("juwels-booster"), 4, env,
                                     rendezvous_timeout=90.5)
     assert [c for c in command if c.startswith("--rdzv_conf")] == [conf]
+
+
+@pytest.mark.parametrize("device, site_backend, expected", [
+    ("cpu", "nccl", "gloo"),   # lumi/juwels with --device cpu
+    ("cpu", "gloo", "gloo"),
+    ("cuda", "gloo", "nccl"),  # the local profile on a GPU machine
+    ("cuda", "nccl", "nccl"),
+])
+def test_collective_backend_follows_the_device(device, site_backend, expected):
+    from ddl.distributed import collective_backend
+
+    assert collective_backend(device, site_backend) == expected

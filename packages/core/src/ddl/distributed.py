@@ -54,6 +54,15 @@ def pick_device(requested: str, accelerator: str, local_rank: int) -> torch.devi
     return torch.device("cpu")
 
 
+def collective_backend(device_type: str, site_backend: str) -> str:
+    """The backend follows the device: NCCL/RCCL need GPUs and gloo runs everywhere, so a
+    GPU site run with --device cpu uses gloo, and a CPU profile (``local``) run with
+    --device cuda uses NCCL (RCCL on ROCm builds) rather than gloo's host copies."""
+    if device_type == "cpu":
+        return "gloo"
+    return "nccl" if site_backend == "gloo" else site_backend
+
+
 def init_world(requested_device: str, accelerator: str, backend: str,
                rendezvous_timeout_s: float = 300, collective_timeout_s: float = 600) -> World:
     """Join the process group described by the launcher's environment variables."""
@@ -63,8 +72,7 @@ def init_world(requested_device: str, accelerator: str, backend: str,
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     size = int(os.environ.get("WORLD_SIZE", 1))
     device = pick_device(requested_device, accelerator, local_rank)
-    if device.type == "cpu":
-        backend = "gloo"  # NCCL/RCCL need GPUs; gloo runs everywhere
+    backend = collective_backend(device.type, backend)
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
             store = join_store(rank, size, rendezvous_timeout_s)
