@@ -8,7 +8,12 @@ ddl.rendezvous), and one srun line that starts ``ddl train`` in the site's launc
 Safety: every user value on the srun line is shell-quoted (shlex.quote), so spaces,
 quotes, ``$(...)`` and backticks stay literal. #SBATCH lines are read by sbatch, not by
 the shell, and cannot be quoted: values there must match a conservative pattern or are
-rejected with one line.
+rejected with one line. The one exception is ``--setup LINE``: those lines are the user's
+own shell (``source .../activate.sh``), written as given; they must be one line each and
+pass ``bash -n``.
+
+Checked here, before anything reaches sbatch: the partition's node and time limits, so a
+job the site would refuse (or only reject after queueing) fails at once in one line.
 """
 
 from __future__ import annotations
@@ -25,7 +30,12 @@ from ddl.rendezvous import shell_lines
 from ddl.sites import SiteProfile
 
 SAFE_SBATCH = re.compile(r"^[A-Za-z0-9._:/+@%=,-]+$")
-SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")
+# Slurm's time forms (sbatch --time; parse_time.c time_str2secs): MM, MM:SS, HH:MM:SS,
+# D-HH, D-HH:MM, D-HH:MM:SS. Slurm checks no ranges (90:00 is 90 minutes); neither do we.
+SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
+                        r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
+UNLIMITED = ("INFINITE", "UNLIMITED")
+TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
 HF_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
               "HF_EVALUATE_OFFLINE")
 
@@ -48,6 +58,8 @@ class SubmitRequest:
     container: str | None = None  # an image; "" = the site's default image
     extra_sbatch: list[str] = field(default_factory=list)
     stop_margin_s: int = 300  # seconds before the time limit to checkpoint, stop, requeue
+    setup: list[str] = field(default_factory=list)  # the user's shell lines, run as given
+    data_dir: Path | None = None  # absolute; bound into the container with the run dir
 
 
 def _sbatch_value(flag: str, value: str) -> str:
@@ -57,11 +69,74 @@ def _sbatch_value(flag: str, value: str) -> str:
     return value
 
 
-def _time(value: str) -> str:
-    if not SLURM_TIME.match(value):
-        raise UsageError(f"--time: {value!r} is not a Slurm time; allowed: MM, MM:SS, "
-                         "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS")
+def slurm_seconds(value: str) -> int | None:
+    """A Slurm time in seconds; None for no limit (INFINITE, UNLIMITED, or 0 as sbatch
+    reads ``--time=0``). ValueError if it is not a Slurm time."""
+    if value.upper() in UNLIMITED:
+        return None
+    match = SLURM_TIME.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is not a Slurm time; allowed: {TIME_FORMS}")
+    n = {k: int(v) if v else 0 for k, v in match.groupdict().items()}
+    if match["days"] is not None:
+        seconds = ((n["days"] * 24 + n["dh"]) * 60 + n["dm"]) * 60 + n["ds"]
+    elif match["c"] is not None:  # HH:MM:SS
+        seconds = (n["a"] * 60 + n["b"]) * 60 + n["c"]
+    else:  # MM or MM:SS
+        seconds = n["a"] * 60 + n["b"]
+    return seconds or None
+
+
+def _time(value: str, part_name: str, max_time: str | None, site: SiteProfile) -> str:
+    """``--time`` checked against the partition's limit (sbatch would refuse it, or the job
+    would wait in the queue for ever)."""
+    try:
+        wanted = slurm_seconds(value)
+    except ValueError as exc:
+        raise UsageError(f"--time: {exc}") from None
+    if not max_time:
+        return value
+    try:
+        limit = slurm_seconds(max_time)
+    except ValueError as exc:
+        raise UsageError(f"{site.source or site.name}: partitions.{part_name}.max_time: "
+                         f"{exc}") from None
+    if limit is not None and (wanted is None or wanted > limit):
+        raise UsageError(f"--time: partition {part_name} of {site.name} allows at most "
+                         f"{max_time} (got {value})")
     return value
+
+
+def _setup_lines(lines: list[str]) -> list[str]:
+    """The user's ``--setup`` lines, as given (their own shell: not quoted), one line each
+    and valid bash together (a block may span several --setup values)."""
+    for line in lines:
+        if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", line):
+            raise UsageError(f"--setup: {line!r} holds a newline or control character; "
+                             "allowed: one shell line per --setup (repeat the flag)")
+    if not lines:
+        return lines
+    # A warning counts too: an unterminated here-document would swallow the launch.
+    proc = subprocess.run(["bash", "-n"], input="\n".join(lines) + "\n", capture_output=True,
+                          text=True)
+    problem = proc.stderr.strip()
+    if proc.returncode or problem:
+        first = problem.splitlines()[0] if problem else f"exit {proc.returncode}"
+        raise UsageError(f"--setup: not valid bash: {first}")
+    return lines
+
+
+def _setup_block(site_setup: list[str], user_setup: list[str]) -> list[str]:
+    """The site's setup lines, then the user's; with ``set -u`` off around them, since
+    module files and activate scripts are often not written for it."""
+    if not (site_setup or user_setup):
+        return []
+    block = ["set +u"]
+    if site_setup:
+        block += ["# Site setup (from the site profile)", *site_setup]
+    if user_setup:
+        block += ["# Your setup (--setup), as given", *user_setup]
+    return block + ["set -u", ""]
 
 
 def render(site: SiteProfile, req: SubmitRequest) -> str:
@@ -98,7 +173,8 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
         sb.append(f"--mem-per-gpu={site.slurm.mem_per_gpu}")
     elif site.slurm.mem:
         sb.append(f"--mem={site.slurm.mem}")
-    time = _time(req.time or "01:00:00")  # short by default; the partition max may be days
+    # Short by default (the partition max may be days), but never above the partition's.
+    time = _time(req.time or "01:00:00", part_name, part.max_time, site)
     sb.append(f"--time={time}")
     sb.append(f"--output={out_dir}/%x-%j.out")
     if req.stop_margin_s:
@@ -112,11 +188,13 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     lines = ["#!/bin/bash",
              f"# Rendered by ddl {__version__} for site {site.name}: {site.description}",
              f"# Launch style: {_style_note(req.launcher, procs)}"]
+    if site.setup or req.setup:
+        # File-wide (before the first command): setup lines source files that exist only on
+        # the cluster, which shellcheck cannot follow.
+        lines.append("# shellcheck disable=SC1091")
     lines += [f"#SBATCH {opt}" for opt in sb]
     lines += ["", "set -euo pipefail", ""]
-    if site.setup:
-        lines.append("# Site setup (from the site profile)")
-        lines += site.setup + [""]
+    lines += _setup_block(site.setup, _setup_lines(req.setup))
     lines.append("# Environment")
     lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"  '
                  "# srun no longer inherits --cpus-per-task (Slurm >= 22.05)")
@@ -135,12 +213,14 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     else:
         run_dir = shlex.quote(f"{req.output_dir}/{req.plugin}-{req.strategy}-") + '"$SLURM_JOB_ID"'
     lines.append(f"run_dir={run_dir}  # the same after a requeue: the run continues there")
-    # One failed rank ends the step at once instead of leaving the others waiting.
-    srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={site.cpu_binding.srun}",
+    # Under a per-node launcher srun would bind only the launcher, and all its workers with
+    # it: the workers bind themselves instead (worker_cores). One failed rank (or node)
+    # ends the step at once instead of leaving the others waiting out their timeouts.
+    cpu_bind = "none" if per_node_launcher else site.cpu_binding.srun
+    srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={cpu_bind}",
             "--kill-on-bad-exit=1"]
-    if per_node_launcher and site.cpu_binding.srun != "none":
-        srun[-1] = "--cpu-bind=none"  # workers bind themselves (worker_cores)
     if req.container is not None:  # "" = the site's default image
+        lines += container_launch.bind_lines(site, _host_dirs(req))
         entry = container_launch.entry(site, container_launch.image_for(site, req.container))
     else:
         entry = [shlex.quote(req.ddl_command)]
@@ -154,6 +234,18 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
         return "\n".join(lines) + "\n"
     lines += _stoppable(launch, req.stop_margin_s)
     return "\n".join(lines) + "\n"
+
+
+def _host_dirs(req: SubmitRequest) -> list[container_launch.HostDir]:
+    """What the container must see of the host: the run directory (shell word: it holds
+    the job id) and the data directory."""
+    # The default run dir lies in output_dir.
+    where = (req.run_dir, "--run-dir") if req.run_dir else (req.output_dir, "--output-dir")
+    dirs = [container_launch.HostDir('"$run_dir"', *where)]
+    if req.data_dir is not None:
+        dirs.append(container_launch.HostDir(shlex.quote(str(req.data_dir)), req.data_dir,
+                                             "--data-dir"))
+    return dirs
 
 
 def _stoppable(launch: str, margin_s: int) -> list[str]:
