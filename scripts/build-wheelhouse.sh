@@ -4,12 +4,15 @@
 # Always: a fresh wheel of the core and of every plugin (pip wheel --no-deps), so the image
 # needs no checkout. Old ddl wheels in DIR are removed first; other wheels are kept, so a
 # second run only rebuilds ddl's own.
-#   --torch    also copy torch and torchvision at the pinned versions of requirements-dev.txt
+#   --torch    also copy torch and torchvision at the versions of requirements.lock
 #              (--no-deps: their dependencies still come from the index). For the CPU image.
 #   --offline  also put every dependency in DIR (sdists built into wheels), so the image can
 #              be built with `ddl container build --offline` where the build host has no
 #              index. With --torch this includes torch's own dependencies (GBs for the CUDA
-#              build of torch).
+#              build of torch). The versions are requirements.lock's.
+# Always, too: DIR/constraints.txt, every locked package as NAME==VERSION except the torch
+# stack (torch, torchvision, triton, nvidia-*, cuda-*) that GPU images take from their base;
+# the container definitions install with `-c constraints.txt` (scripts/lock.py constraints).
 # pip takes the wheels from wherever its configuration points (PyPI, or local wheel stores).
 # The wheels must suit the image's Python: run with PYTHON=python3.X when it differs from
 # this checkout's venv (e.g. 3.12 in LUMI's PyTorch images).
@@ -20,7 +23,7 @@ for arg in "$@"; do
     case "$arg" in
         --torch) torch=1 ;;
         --offline) offline=1 ;;
-        -h|--help) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
         -*) echo "build-wheelhouse.sh: unknown option $arg; allowed: --torch, --offline" >&2; exit 2 ;;
         *) [ -z "$dir" ] || { echo "build-wheelhouse.sh: one DIR only (got $dir and $arg)" >&2; exit 2; }
            dir="$arg" ;;
@@ -43,12 +46,24 @@ packages=("$ROOT/packages/core" "$ROOT"/packages/plugins/*/)
 echo "build-wheelhouse: ddl wheels -> $dir" >&2
 # Built in place (not in an isolated copy), so the core wheel picks up ../../sites as
 # ddl/_sites (packages/core/pyproject.toml): the site profiles travel inside the image.
-"${pip[@]}" wheel --quiet --no-deps --wheel-dir "$dir" "${packages[@]}"
+# With the locked hatchling where PYTHON has it (the venv: 5 s instead of 30 s).
+isolation=()
+"$PYTHON" -c "import hatchling" 2>/dev/null && isolation=(--no-build-isolation)
+"${pip[@]}" wheel --quiet --no-deps "${isolation[@]}" --wheel-dir "$dir" "${packages[@]}"
+
+# The lock's versions, for pip inside the image (without the torch stack) and for the
+# downloads below (all of them).
+"$PYTHON" "$ROOT/scripts/lock.py" constraints > "$dir/constraints.txt"
+all_constraints="$(mktemp)"
+trap 'rm -f "$all_constraints"' EXIT
+"$PYTHON" "$ROOT/scripts/lock.py" constraints --all > "$all_constraints"
+echo "build-wheelhouse: $(wc -l < "$dir/constraints.txt") locked versions" \
+     "-> $dir/constraints.txt" >&2
 
 pins=()
 if [ "$torch" = 1 ]; then
-    mapfile -t pins < <(grep -E '^(torch|torchvision)==' "$ROOT/requirements-dev.txt")
-    [ "${#pins[@]}" = 2 ] || { echo "build-wheelhouse: torch/torchvision pins not found in requirements-dev.txt" >&2; exit 1; }
+    mapfile -t pins < <(grep -E '^(torch|torchvision)==' "$all_constraints")
+    [ "${#pins[@]}" = 2 ] || { echo "build-wheelhouse: torch/torchvision not found in requirements.lock" >&2; exit 1; }
     versions=("${pins[@]/==/-}")  # torch==2.14.1 -> torch-2.14.1, as in the file names
     if ls "$dir/${versions[0]}"-*.whl "$dir/${versions[1]}"-*.whl >/dev/null 2>&1; then
         echo "build-wheelhouse: ${pins[*]} already in $dir" >&2
@@ -58,13 +73,14 @@ if [ "$torch" = 1 ]; then
     fi
 fi
 
-# What the dependencies depend on: the pins and ddl's declared requirements. Resolving
-# them again takes about a minute even when every wheel is already here, so a stamp named
-# after them marks a complete set.
+# What the dependencies depend on: the pins, the lock and ddl's declared requirements.
+# Resolving them again takes about a minute even when every wheel is already here, so a
+# stamp named after them marks a complete set.
 requirements_stamp() {
-    "$PYTHON" - "$dir" "${pins[@]}" <<'PY'
+    "$PYTHON" - "$dir" "$all_constraints" "${pins[@]}" <<'PY'
 import hashlib, pathlib, sys, zipfile
-h = hashlib.sha256(" ".join(sys.argv[2:]).encode())
+h = hashlib.sha256(" ".join(sys.argv[3:]).encode())
+h.update(pathlib.Path(sys.argv[2]).read_bytes())
 for wheel in sorted(pathlib.Path(sys.argv[1]).glob("ddl*.whl")):
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
@@ -81,7 +97,8 @@ if [ "$offline" = 1 ]; then
         # What the images install (containers/*.def), with every dependency as a wheel.
         wanted=("$dir"/ddl-*.whl "$dir"/ddl_*.whl torchrun-jsc accelerate "${pins[@]}")
         echo "build-wheelhouse: all dependencies -> $dir (offline builds)" >&2
-        "${pip[@]}" wheel --quiet --wheel-dir "$dir" --find-links "$dir" "${wanted[@]}"
+        "${pip[@]}" wheel --quiet --wheel-dir "$dir" --find-links "$dir" \
+            --constraint "$all_constraints" "${wanted[@]}"
         rm -f "$dir"/.complete-*
         touch "$stamp"
     fi
