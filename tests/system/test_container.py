@@ -3,76 +3,43 @@ Debian 12 machine by ../shared/tools/provide-apptainer, which also makes the Deb
 root used as the `Bootstrap: localimage` base: registries are unreachable here).
 
 One build per session, through `ddl container build` exactly as docs/containers.md
-describes (wheelhouse by scripts/build-wheelhouse.sh --torch --offline, so the build
-installs from the wheelhouse only). Then, against that image:
+describes (an offline wheelhouse with the CPU torch, so the build installs from the
+wheelhouse only). Then, against that image:
+- its size is at most 2.5 GB (uncompressed squashfs: what this test builds);
+- the headline command's shape, `apptainer run IMAGE train --site lumi --plugin xsum
+  --device cpu --preset tiny`, trains on data the image's own `prepare` made, and the
+  results land on the host;
 - `apptainer run IMAGE train --site local --plugin mnist --preset tiny --nproc 2` trains
   with the image's ddl and writes results.json outside the image;
+- the image knows its target: DDL_CONTAINER_TARGET and /opt/ddl/target say cpu;
 - `apptainer test` passes; `apptainer inspect` shows the ddl labels;
 - the image's `ddl sites` lists every profile in sites/ (packaged inside the image).
 And without the image: a broken definition is refused by `ddl container check` and, handed
 to the real build unchecked, by Apptainer itself, whose error ddl repeats.
 
-The provided Apptainer and the wheelhouse are cached under .cache/ (ignored by git), so a
-second run skips their ~2 minutes; a fresh clone builds both from nothing. Not covered here
+The Apptainer, the base and the image come from tests/system/conftest.py (one image build
+per test run, shared with the other system test files). Not covered here
 (no GPU, no registry): the CUDA and ROCm images, --nv/--rocm, docker:// bases.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO, assert_one_line_error, run_ddl
 from ddl import __version__
 
+from .conftest import APPTAINER_DIR, CPU_TORCH
+from .conftest import apptainer as _apptainer
+
+TORCH_VERSION = CPU_TORCH[0].split("==")[1]  # the torch the image was built with
+MAX_IMAGE_BYTES = 2.5e9
+
 pytestmark = pytest.mark.system
-
-PROVIDE = Path(os.environ.get("DDL_PROVIDE_APPTAINER",
-                              REPO.parent / "shared" / "tools" / "provide-apptainer"))
-CACHE = REPO / ".cache"
-APPTAINER_DIR = CACHE / "apptainer"
-WHEELHOUSE = CACHE / "wheelhouse"
-
-
-@pytest.fixture(scope="module")
-def runtime_env() -> dict[str, str]:
-    """A real apptainer on PATH (provided once, then reused from .cache/apptainer)."""
-    if not PROVIDE.is_file():
-        pytest.fail(f"{PROVIDE} not found: the system tests need ../shared/tools beside the "
-                    "checkout (or DDL_PROVIDE_APPTAINER)")
-    proc = subprocess.run([str(PROVIDE), str(APPTAINER_DIR)], capture_output=True, text=True,
-                          timeout=1200)
-    assert proc.returncode == 0, f"provide-apptainer failed:\n{proc.stdout}\n{proc.stderr}"
-    env = {**os.environ, "PATH": f"{APPTAINER_DIR / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("DDL_SITE_PATH", None)  # the image must find its own profiles
-    return env
-
-
-@pytest.fixture(scope="module")
-def image(runtime_env, tmp_path_factory) -> Path:
-    wheels = subprocess.run([str(REPO / "scripts" / "build-wheelhouse.sh"), "--torch",
-                             "--offline", str(WHEELHOUSE)], capture_output=True, text=True,
-                            timeout=1800)
-    assert wheels.returncode == 0, wheels.stderr
-    sif = tmp_path_factory.mktemp("image") / "ddl-cpu.sif"
-    build = run_ddl("container", "build", "--target", "cpu",
-                    "--base", str(APPTAINER_DIR / "base"), "--wheelhouse", str(WHEELHOUSE),
-                    "--offline", "--no-compress", "--output", str(sif),
-                    cwd=REPO, env=runtime_env, timeout=2400)
-    assert build.returncode == 0, build.stderr[-5000:]
-    assert f"ddl: built {sif}" in build.stdout
-    yield sif
-    sif.unlink(missing_ok=True)  # several GB
-
-
-def _apptainer(env, *args, cwd=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run(["apptainer", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, image,
@@ -89,8 +56,45 @@ def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, im
     assert results["command"][0].startswith("/usr/local/lib/python3"), results["command"]
     assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu"}
     assert results["data"] == {"dir": str(tmp_path / "data"), "synthetic": True}
-    assert results["versions"]["torch"].startswith("2.14.1")
+    assert results["versions"]["torch"] == TORCH_VERSION
     assert len(results["epochs"]) == 2 and results["final"]["test"]["accuracy"] > 0.5
+
+
+def test_cpu_image_is_at_most_2_5_gb(image):
+    """Uncompressed squashfs (--no-compress, as built here): the upper bound of the
+    download; PyPI's CUDA torch made it 6.1 GB, 4.1 GB of CUDA libraries."""
+    size = image.stat().st_size
+    print(f"CPU image: {size / 1e9:.2f} GB")
+    assert size <= MAX_IMAGE_BYTES, f"{size / 1e9:.2f} GB"
+
+
+def test_headline_command_shape_trains_xsum_for_lumi_on_cpu(runtime_env, image, tmp_path):
+    """`apptainer run containers/ddl.sif train --site lumi --plugin xsum`, on this CPU:
+    the LUMI profile (short name), the xsum workload, data prepared by the image itself."""
+    data = tmp_path / "xsum-data"
+    prepare = _apptainer(runtime_env, "run", str(image), "prepare", "--plugin", "xsum",
+                         "--synthetic", "--data-dir", str(data), cwd=tmp_path)
+    assert prepare.returncode == 0, prepare.stdout + prepare.stderr
+    proc = _apptainer(runtime_env, "run", str(image), "train", "--site", "lumi", "--plugin",
+                      "xsum", "--device", "cpu", "--preset", "tiny", "--nproc", "1",
+                      "--data-dir", str(data), cwd=tmp_path, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"^results: (\S+)$", proc.stdout, re.M)
+    assert match, proc.stdout
+    results_file = tmp_path / match.group(1)
+    assert results_file.is_file() and results_file.is_relative_to(tmp_path)
+    results = json.loads(results_file.read_text())
+    assert results["command"][0] == "/usr/local/bin/ddl", results["command"]  # the image's
+    assert results["world"]["device"] == "cpu" and results["world"]["size"] == 1
+    assert results["data"]["dir"] == str(data)
+    assert results["final"]["test"]["loss"] > 0
+
+
+def test_image_knows_its_target(runtime_env, image, tmp_path):
+    proc = _apptainer(runtime_env, "exec", str(image), "sh", "-c",
+                      'echo "$DDL_CONTAINER_TARGET $(cat /opt/ddl/target)"', cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["cpu", "cpu"]
 
 
 def test_apptainer_test_runs_the_smoke_check(runtime_env, image):
@@ -113,9 +117,9 @@ def test_inspect_shows_the_ddl_labels(runtime_env, image):
     assert re.fullmatch(r"[0-9a-f]{7,}", commit) and ancestor.returncode == 0, labels
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["ddl.built"])
     assert labels["ddl.base"] == f"localimage:{APPTAINER_DIR / 'base'}"
-    assert labels["ddl.torch"].startswith("2.14.1")
+    assert labels["ddl.torch"] == TORCH_VERSION
     run_help = _apptainer(runtime_env, "run-help", str(image))
-    assert "apptainer run ddl-cpu.sif train" in run_help.stdout
+    assert "apptainer run containers/ddl.sif train --site lumi --plugin xsum" in run_help.stdout
 
 
 def test_image_lists_every_site_profile_from_inside(runtime_env, image, tmp_path):

@@ -2,8 +2,11 @@
 finds `apptainer` or else `singularity`, and its refusals. The real build runs in
 tests/system/test_container.py.
 
-Runtimes "on PATH" here are empty stand-in executables in a temporary directory: only
-their presence is looked at (no build runs in these tests).
+Runtimes "on PATH" here are stand-in scripts in a temporary directory that answer
+`--version` as the real ones do (Apptainer's string is the real 1.4.5's here; SingularityCE's,
+"singularity-ce version 4.1.1", is a recorded fact, not run here): only that and their
+presence are looked at, no build runs in these tests. The real Apptainer's answer is
+checked in test_real_apptainer_is_recognised.
 """
 
 import os
@@ -29,13 +32,18 @@ def wheelhouse(tmp_path) -> Path:
     return wh
 
 
-def _path_with(tmp_path, *names) -> dict[str, str]:
-    """PATH holding only stand-ins for the given runtimes (and nothing else to find)."""
+VERSIONS = {"apptainer": "apptainer version 1.4.5",
+            "singularity": "singularity-ce version 4.1.1-jammy",  # LUMI's kind (SingularityCE)
+            "proot": "proot 5.4.0"}
+
+
+def _path_with(tmp_path, *names, versions=VERSIONS) -> dict[str, str]:
+    """PATH holding only stand-ins for the given programs (and nothing else to find)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name in names:
         exe = bin_dir / name
-        exe.write_text("#!/bin/sh\nexit 0\n")
+        exe.write_text(f"#!/bin/sh\necho '{versions.get(name, '')}'\n")
         exe.chmod(0o755)
     return {"PATH": str(bin_dir)}
 
@@ -84,12 +92,12 @@ def test_without_base_the_definition_default_stays(tmp_path, wheelhouse):
 
 
 def test_singularity_is_used_when_apptainer_is_missing(tmp_path, wheelhouse):
-    cmd = _dry_run(tmp_path, wheelhouse, env=_path_with(tmp_path, "singularity"))
+    cmd = _dry_run(tmp_path, wheelhouse, env=_path_with(tmp_path, "singularity", "proot"))
     assert cmd[0] == str(tmp_path / "bin" / "singularity")
 
 
 def test_apptainer_is_preferred_unless_singularity_is_asked_for(tmp_path, wheelhouse):
-    env = _path_with(tmp_path, "apptainer", "singularity")
+    env = _path_with(tmp_path, "apptainer", "singularity", "proot")
     assert Path(_dry_run(tmp_path, wheelhouse, env=env)[0]).name == "apptainer"
     cmd = _dry_run(tmp_path, wheelhouse, "--runtime", "singularity", env=env)
     assert Path(cmd[0]).name == "singularity"
@@ -159,3 +167,121 @@ def test_container_commands_do_not_import_torch(args, wheelhouse):
                           env={**os.environ, "PATH": os.environ["PATH"]})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().endswith("HEAVY:"), proc.stdout
+
+
+def test_default_output_is_containers_ddl_sif_of_the_checkout(tmp_path, wheelhouse):
+    """The headline command runs `containers/ddl.sif`: that is where a build lands by
+    default (from any working directory), and git ignores it."""
+    proc = run_ddl("container", "build", "--dry-run", "--wheelhouse", str(wheelhouse),
+                   cwd=tmp_path, env=_path_with(tmp_path, "apptainer"))
+    assert proc.returncode == 0, proc.stderr
+    cmd = shlex.split(proc.stdout.strip().splitlines()[-1])
+    assert cmd[-2] == str(REPO / "containers" / "ddl.sif")
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index",
+                              "containers/ddl.sif", "containers/ddl-cuda.sif",
+                              "wheelhouse/torch-2.14.1-x.whl"], capture_output=True, text=True)
+    assert ignored.stdout.split() == ["containers/ddl.sif", "containers/ddl-cuda.sif",
+                                      "wheelhouse/torch-2.14.1-x.whl"], ignored
+
+
+@pytest.mark.parametrize("text, flavour, version", [
+    ("apptainer version 1.4.5\n", "apptainer", (1, 4, 5)),
+    ("singularity-ce version 4.1.1-jammy\n", "singularity-ce", (4, 1, 1)),
+    ("singularity version 3.8.7-1.el8\n", "singularity", (3, 8, 7)),
+])
+def test_runtime_is_told_by_its_version_string(text, flavour, version):
+    from ddl.container import parse_version
+
+    runtime = parse_version("/x/singularity", text)
+    assert (runtime.flavour, runtime.version) == (flavour, version)
+    assert runtime.has_mksquashfs_args == (flavour == "apptainer")
+    assert runtime.has_build_args == (flavour != "singularity")
+
+
+def test_an_unknown_version_string_is_an_error():
+    from ddl.container import parse_version
+    from ddl.errors import DdlError
+
+    with pytest.raises(DdlError, match="expected 'apptainer version X'"):
+        parse_version("/x/apptainer", "podman version 5.0.0")
+
+
+def test_singularity_ce_gets_no_apptainer_only_options(tmp_path, wheelhouse):
+    """SingularityCE (LUMI): the build arguments go through (4.x has them), squashfs
+    options do not exist there and are refused rather than passed."""
+    env = _path_with(tmp_path, "singularity", "proot")
+    cmd = _dry_run(tmp_path, wheelhouse, env=env)
+    assert Path(cmd[0]).name == "singularity" and "--mksquashfs-args" not in cmd
+    assert "WHEELHOUSE" in _build_args(cmd)
+    proc = run_ddl("container", "build", "--dry-run", "--no-compress", "--wheelhouse",
+                   str(wheelhouse), "--output", str(tmp_path / "out.sif"), env=env)
+    assert_one_line_error(proc, "--no-compress: singularity-ce 4.1.1 has no --mksquashfs-args")
+
+
+def test_apptainer_gets_squashfs_options_and_fakeroot(tmp_path, wheelhouse):
+    cmd = _dry_run(tmp_path, wheelhouse, "--no-compress", "--fakeroot",
+                   env=_path_with(tmp_path, "apptainer"))
+    assert cmd[cmd.index("--mksquashfs-args") + 1] == "-noI -noD -noF -noX"
+    assert "--fakeroot" in cmd
+
+
+def test_old_singularity_ce_cannot_take_build_arguments(tmp_path, wheelhouse):
+    env = _path_with(tmp_path, "singularity", "proot",
+                     versions={**VERSIONS, "singularity": "singularity-ce version 3.11.4"})
+    proc = run_ddl("container", "build", "--dry-run", "--wheelhouse", str(wheelhouse),
+                   "--output", str(tmp_path / "out.sif"), env=env)
+    assert_one_line_error(proc, "needs build arguments", "singularity-ce 3.11.4 cannot pass",
+                          "SingularityCE >= 4.0")
+
+
+@pytest.mark.parametrize("host, fakeroot, needles", [
+    # LUMI: a normal user, no /etc/subuid range, proot from `module load systools`
+    (dict(is_root=False, has_subuid=False, has_proot=True), True,
+     ["--fakeroot: singularity-ce 4.1.1 can fake root only", "module load systools"]),
+    (dict(is_root=False, has_subuid=False, has_proot=False), False,
+     ["only through proot, and proot is not on PATH", "module load systools"]),
+])
+def test_singularity_ce_unprivileged_build_rules(tmp_path, host, fakeroot, needles):
+    """The rules for a normal user (these tests may run as root, so the host is given)."""
+    from ddl.container import BuildRequest, Host, Runtime, runtime_options
+    from ddl.errors import UsageError
+
+    req = BuildRequest(definition=tmp_path / "x.def", output=tmp_path / "x.sif",
+                       wheelhouse=tmp_path, fakeroot=fakeroot)
+    runtime = Runtime("/usr/bin/singularity", "singularity-ce", (4, 1, 1))
+    with pytest.raises(UsageError) as error:
+        runtime_options(req, runtime, Host(**host), {})
+    for needle in needles:
+        assert needle in str(error.value)
+    # where it can: proot present and no --fakeroot -> a plain unprivileged build
+    req.fakeroot = False
+    assert runtime_options(req, runtime, Host(False, False, True), {"X": "1"}) == []
+
+
+def test_failure_reason_names_the_section_and_the_cause(tmp_path):
+    """As Apptainer 1.4 prints a failing %post (captured from a real build): the FATAL
+    line says only "exit status 127"; the cause is the shell's line before it."""
+    from ddl.container import failure_reason
+
+    definition = tmp_path / "x.def"
+    definition.write_text("Bootstrap: localimage\nFrom: /base\n\n%post\n    set -eu\n"
+                          "    echo starting\n    nosuchcommand --flag\n")
+    output = ["INFO:    Starting build...", "INFO:    Running post scriptlet", "+ set -eu",
+              "+ echo starting", "starting", "+ nosuchcommand --flag",
+              "/.post.script: 3: nosuchcommand: not found",
+              "FATAL:   While performing build: while running engine: while running %post "
+              "section: exit status 127"]
+    assert failure_reason(output, definition) == \
+        f"in %post: {definition}:7: nosuchcommand: not found"
+    conflict = ["INFO:    Running post scriptlet",
+                "ERROR: Cannot install accelerate and torch==1.0 because these package "
+                "versions have conflicting dependencies.", "", "The conflict is caused by:",
+                "    The user requested (constraint) torch==1.0",
+                "    accelerate 1.15.0 depends on torch>=2.0.0", "", "To fix this you could",
+                "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/x",
+                "FATAL:   While performing build: while running engine: while running %post "
+                "section: exit status 1"]
+    reason = failure_reason(conflict, definition)
+    assert reason.startswith("in %post: Cannot install accelerate and torch==1.0")
+    assert reason.endswith("The conflict: The user requested (constraint) torch==1.0; "
+                           "accelerate 1.15.0 depends on torch>=2.0.0")

@@ -135,3 +135,27 @@ def test_runscript_help_labels_and_test_sections_are_in_every_definition():
         for label in ("ddl.target", "ddl.commit", "ddl.built", "ddl.base"):
             assert f"    {label} " in text, (target, label)
         assert "ddl.version" in text  # written in %post from the installed ddl
+
+
+@pytest.mark.parametrize("section", ["post", "setup", "test", "runscript", "environment",
+                                     "startscript", "appinstall tool"])
+def test_a_shell_syntax_error_in_any_script_section_fails_check(tmp_path, section):
+    """`sh -n` on each script section: the line of the error in the file, and where the
+    section starts, in one line (exit 2), before a build spends minutes to reach it."""
+    text = GOOD + f"\n%{section}\n    set -eu\n    if [ -d /x ]; then\n        echo yes\n"
+    definition = _write(tmp_path, text)
+    lines = text.splitlines()
+    start = len(lines) - lines[::-1].index(f"%{section}")  # the section added last
+    proc = run_ddl("container", "check", "--def", str(definition),
+                   "--wheelhouse", str(tmp_path))
+    assert_one_line_error(proc, f"{definition}:{start + 4}: shell syntax error in "
+                          f"%{section.split()[0]} (the section starts at line {start})",
+                          "end of file unexpected")
+
+
+def test_post_with_another_shell_is_parsed_by_that_shell(tmp_path):
+    bash_only = "\n%post -c /bin/bash\n    [[ -d /x ]] && echo (\n"
+    with pytest.raises(UsageError, match=r"x.def:\d+: shell syntax error in %post .*bash -n"):
+        check(_write(tmp_path, GOOD + bash_only))
+    fine = "\n%post -c /bin/bash\n    [[ -d /x ]] && echo yes\n    arr=(a b); echo \"${arr[1]}\"\n"
+    check(_write(tmp_path, GOOD + fine))  # bash syntax that plain sh -n would reject
