@@ -103,3 +103,19 @@ def test_resume_from_a_path_without_a_checkpoint_is_one_line(tmp_path, synthetic
                    str(tmp_path / "r"), "--resume", str(tmp_path / "nothing-here"), cwd=tmp_path)
     assert_one_line_error(proc, "--resume", "nothing-here", "allowed: none, auto")
     assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--site", "lumi"], "site lumi-g has rocm GPUs"),
+    (["--device", "cuda"], "--device cuda"),
+])
+def test_gpu_expected_but_none_visible(mnist_copy, tmp_path, args, why):
+    """This machine has no GPU (torch.cuda.is_available() is False here for real): a GPU
+    site or --device cuda is refused before any worker starts, pointing at --device cpu."""
+    import torch
+
+    if torch.cuda.is_available():  # runs on every CI machine (none has a GPU)
+        pytest.skip("checks the refusal on a machine without a GPU")
+    proc = run_ddl("train", *args, "--data-dir", str(mnist_copy), cwd=tmp_path)
+    assert_one_line_error(proc, why, "torch sees no GPU", "--device cpu")
+    assert not (tmp_path / "runs").exists()

@@ -37,3 +37,34 @@ def test_gpu_site_inside_a_job_without_gpus_fails(tmp_path):
     assert checks["offline"] == "FAIL"  # the other three HF variables are unset
     assert checks["launcher"] == "ok"  # torchrun_jsc is installed in the dev venv
     assert "jwb0001i" in proc.stdout
+
+
+def test_cte_power_names_the_environment_it_needs():
+    """This machine is x86_64: CTE-POWER's nodes are ppc64le, so the platform check fails
+    and says what ddl needs there and where that torch would come from."""
+    import platform
+
+    assert platform.machine() != "ppc64le", "this check is written for a non-POWER host"
+    proc = run_ddl("doctor", "--site", "cte-power")
+    assert proc.returncode == 1
+    assert _checks(proc)["platform"] == "FAIL"
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("FAIL platform:"))
+    assert f"this machine is {platform.machine()}; cte-power nodes are ppc64le" in line
+    assert "Python >= 3.10 and torch >= 2.7 built for ppc64le + CUDA" in line
+    assert "Open-CE's newest is torch 2.1.2" in line and "mn5-acc" in line
+
+
+def test_torch_build_is_checked_against_the_site():
+    """The dev venv's torch is a CUDA (or CPU-only) build: never right for LUMI's ROCm GPUs,
+    fine for the CPU site."""
+    import torch
+
+    assert not torch.version.hip, "this check is written for a non-ROCm torch"
+    proc = run_ddl("doctor", "--site", "lumi-g")
+    assert proc.returncode == 1
+    assert _checks(proc)["torch"] == "FAIL"
+    assert "cannot use lumi-g's ROCm GPUs; the site needs a ROCm build of torch >= 2.7" \
+        in proc.stdout
+    local = run_ddl("doctor", "--site", "local")
+    assert _checks(local)["torch"] == "ok" and _checks(local)["python"] == "ok"
+    assert f"torch {torch.__version__} (" in local.stdout

@@ -17,7 +17,7 @@ def test_local_profile_ships():
 
 
 @pytest.mark.parametrize("body, needle", [
-    (GOOD + "gpus = 4\n", "gpus: unknown key; allowed: accelerator, aliases, backend, container"),
+    (GOOD + "gpus = 4\n", "gpus: unknown key; allowed: accelerator, aliases, arch, backend, container"),
     (GOOD + "[defaults]\nnprocs = 2\n", "defaults.nprocs: unknown key; allowed: data_dir, nproc"),
     (GOOD.replace('"gloo"', '"mpi"'), "backend: Input should be 'gloo' or 'nccl' (got 'mpi')"),
     (GOOD + "[defaults]\nnproc = \"four\"\n", "defaults.nproc: Input should be a valid integer"),

@@ -146,6 +146,11 @@ def make_parser() -> argparse.ArgumentParser:
                                               "installation's ddl)")
     submit.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                         help="extra #SBATCH option, e.g. --sbatch=--qos=debug (repeatable)")
+    submit.add_argument("--setup", action="append", default=[], metavar="LINE",
+                        help="a shell line the job runs before the launch, after the site's "
+                             "setup, e.g. --setup 'source /p/project1/x/activate.sh' "
+                             "(repeatable). Your own shell: written as given, NOT quoted; "
+                             "one line each, checked with bash -n")
     submit.add_argument("--stop-margin", type=int, default=300, metavar="SECONDS",
                         help="before the time limit: checkpoint, stop and requeue the job "
                              "this many seconds early (default: 300; 0 = off)")
@@ -216,7 +221,9 @@ def _container_parser(sub) -> None:
         p.add_argument("--build-arg", dest="build_args", action="append", type=_key_value,
                        default=[], metavar="KEY=VALUE",
                        help="a build argument of the definition (repeatable)")
-    build.add_argument("--output", type=Path, help="image file (default: ./ddl-<target>.sif)")
+    build.add_argument("--output", type=Path,
+                       help="image file (default: containers/ddl.sif of the ddl checkout, "
+                            "else ./ddl.sif)")
     build.add_argument("--runtime", choices=["apptainer", "singularity"],
                        help="default: apptainer if on PATH, else singularity")
     build.add_argument("--force", action="store_true", help="replace an existing image")
@@ -226,12 +233,15 @@ def _container_parser(sub) -> None:
                        help="pass --fakeroot (unprivileged builds where the site requires it)")
     build.add_argument("--no-check", action="store_true",
                        help="skip ddl's check; the runtime's own parser still runs")
+    build.add_argument("--no-test", action="store_true",
+                       help="skip the image's %%test at the end of the build (--notest)")
     build.add_argument("--dry-run", action="store_true",
                        help="check and print the build command, build nothing")
 
 
 SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
-               "output_dir", "container", "ddl_command", "sbatch", "dry_run", "stop_margin")
+               "output_dir", "container", "ddl_command", "sbatch", "dry_run", "stop_margin",
+               "setup")
 
 
 def _flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -264,6 +274,9 @@ def train_arguments(flags: dict[str, Any], leave_out: Collection[str] = ()) -> l
 def cmd_train(ns: argparse.Namespace) -> int:
     import os
 
+    from ddl.environment import check_runtime
+
+    check_runtime()  # first: an old Python or torch would fail the imports below untidily
     from ddl import config as cfg
     from ddl import rundir
     from ddl.plugins import Plugins
@@ -280,9 +293,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if launcher == "local":
         print(f"ddl: {built.site_note}", flush=True)
         nproc = config.nproc or 1
-        _preflight(config, plugins, nproc, built.data_dir_is_default)
         run_dir = config.run_dir or rundir.default_run_dir(Path("runs"), config.plugin,
                                                            config.strategy)
+        _results_kept(run_dir)
+        _preflight(config, plugins, nproc, built.data_dir_is_default)
         rundir.create(run_dir, config.resume)
         config = config.model_copy(update={"run_dir": run_dir.resolve(), "nproc": nproc,
                                            "data_dir": Path(config.data_dir).resolve()})
@@ -297,6 +311,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     # flags, so every task checks them and all stop alike on a mistake.
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "job")
     run_dir = (config.run_dir or Path("runs") / f"{config.plugin}-{config.strategy}-{job}")
+    _results_kept(run_dir)
     config = config.model_copy(update={"run_dir": Path(run_dir).resolve(),
                                        "data_dir": Path(config.data_dir).resolve()})
     nnodes = int(os.environ.get("SLURM_NNODES", "1"))
@@ -322,9 +337,20 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0  # not reached: exec replaced this process
 
 
+def _results_kept(run_dir: Path) -> None:
+    """Inside a container, a run dir the container takes with it is refused (one line)."""
+    from ddl import container_inside
+
+    container_inside.check_kept(run_dir, "--run-dir", container_inside.detect())
+
+
 def _preflight(config, plugins, world_size: int, default_data_dir: bool) -> None:
     """Everything that can be checked before workers start, so mistakes cost seconds and
     give one line instead of N ranks' worth of errors."""
+    from ddl.environment import check_strategy_torch, installed_torch
+
+    found = installed_torch()
+    check_strategy_torch(config.strategy, found.version if found else None)
     import torch
 
     from ddl.distributed import World
@@ -338,14 +364,27 @@ def _preflight(config, plugins, world_size: int, default_data_dir: bool) -> None
 
         resolve(config.resume, Path("."))  # a wrong path: one line now, not from N workers
     gpu = config.device == "cuda" or (config.device == "auto" and site.accelerator != "cpu")
+    if gpu and not torch.cuda.is_available():
+        # One line before any worker starts (each would otherwise fail alike, exit 1).
+        why = ("--device cuda" if config.device == "cuda" else
+               f"site {site.name} has {site.accelerator} GPUs")
+        raise UsageError(f"--device: {why}, but torch sees no GPU on this node; allowed "
+                         "here: --device cpu (or run inside a job that requests GPUs)")
     stand_in = World(rank=0, local_rank=0, size=world_size,
                      device=torch.device("cuda" if gpu else "cpu"), backend=site.backend)
     workload, _, _ = build(config, stand_in, plugins)
     data_dir = Path(config.data_dir)
     if not default_data_dir and not data_dir.is_dir():
+        from ddl import container_inside
+
+        prepare = (f"run `ddl prepare --plugin {config.plugin} --data-dir {data_dir}` on a "
+                   "login node")
+        container = container_inside.detect()
+        if container:  # it may exist on the host, not bound in: say so, not only "prepare"
+            raise UsageError(container_inside.missing_dir(data_dir, "--data-dir", container,
+                                                          prepare))
         raise UsageError(f"--data-dir: {data_dir} does not exist; give an existing "
-                         f"directory or run `ddl prepare --plugin {config.plugin} --data-dir "
-                         f"{data_dir}` on a login node")
+                         f"directory or {prepare}")
     try:
         workload.check_data(data_dir)
     except DataMissing:
@@ -383,6 +422,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     from ddl import config as cfg
     from ddl.plugins import Plugins
     from ddl.sites import get_site
+    from ddl.container_launch import check_target, image_for
     from ddl.submit import SubmitRequest, check_syntax, render, sbatch
 
     plugins = Plugins()
@@ -405,15 +445,23 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     given = {"config": ns.config, **flags} if "config" in ns else flags
     forwarded = train_arguments(given, leave_out=("site", "launcher", "nproc", "run_dir"))
     output_dir = ns.output_dir.resolve()
+    image = _image(ns.container, ns.dry_run)
+    if image is not None:
+        image = image_for(site, image)
     request = SubmitRequest(
         nodes=ns.nodes, launcher=launcher, train_args=forwarded, plugin=config.plugin,
         strategy=config.strategy, output_dir=output_dir, account=ns.account,
         partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
         job_name=ns.job_name, run_dir=config.run_dir.resolve() if config.run_dir else None,
-        ddl_command=ns.ddl_command or _this_ddl(), container=_image(ns.container, ns.dry_run),
-        extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin)
+        ddl_command=ns.ddl_command or _this_ddl(), container=image,
+        extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin, setup=ns.setup,
+        data_dir=Path(config.data_dir).resolve() if config.data_dir else None)
     script = render(site, request)
     check_syntax(script, site)
+    if image is not None:  # the slow part (the runtime reads the image) comes last
+        note = check_target(site, image, config.device)
+        if note:
+            print(f"ddl: note: {note}", file=sys.stderr)
     if ns.dry_run:
         print(script, end="")
         return 0
@@ -503,14 +551,15 @@ def cmd_container(ns: argparse.Namespace) -> int:
     request = container.BuildRequest(
         definition=definition, wheelhouse=ns.wheelhouse, base=ns.base, offline=ns.offline,
         build_args=dict(ns.build_args),
-        output=getattr(ns, "output", None) or Path(f"ddl-{ns.target}.sif"))
+        output=getattr(ns, "output", None) or container.default_output())
     if ns.action == "check":
         container.validate(request)
         print(f"ddl: {definition} is fine")
         return 0
     request.force, request.no_compress, request.fakeroot = ns.force, ns.no_compress, ns.fakeroot
+    request.no_test = ns.no_test
     try:
-        runtime = container.find_runtime(ns.runtime)
+        runtime = container.detect_runtime(container.find_runtime(ns.runtime))
     except DdlError:
         if not ns.dry_run:
             raise
@@ -519,9 +568,10 @@ def cmd_container(ns: argparse.Namespace) -> int:
     if ns.dry_run:
         print(shlex.join(command))
         return 0
-    container.run_build(command)
-    print(f"ddl: built {request.output}; try `{Path(runtime).name} run {request.output} "
-          f"--help` and `{Path(runtime).name} test {request.output}`")
+    container.run_build(command, definition)
+    name = Path(command[0]).name
+    print(f"ddl: built {request.output}; try `{name} run {request.output} --help` and "
+          f"`{name} test {request.output}`")
     return 0
 
 

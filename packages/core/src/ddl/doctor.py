@@ -2,19 +2,64 @@
 
 One line per check (``ok``, ``FAIL`` or ``skip`` with the reason); the exit code is 1 if
 anything failed. Run it on a login node before submitting and inside a job (``srun ddl
-doctor``) when a job misbehaves.
+doctor``) when a job misbehaves; inside a container it checks the container's Python and
+torch (``apptainer run IMAGE doctor --site SITE``).
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ddl import container_inside, environment
 from ddl.errors import DdlError
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
+
+
+def _check_platform(site) -> tuple[str, str]:
+    found = environment.machine()
+    problem = environment.arch_mismatch(site, found)
+    if problem:
+        return FAIL, problem
+    return OK, f"{found}" + (f", as {site.name} needs" if site.arch else "")
+
+
+def _check_python() -> tuple[str, str]:
+    try:
+        environment.check_python()
+    except DdlError as exc:
+        return FAIL, str(exc)
+    return OK, (f"Python {platform.python_version()} (ddl needs >= "
+                f"{'.'.join(map(str, environment.PYTHON_FLOOR))})")
+
+
+def _check_torch(site) -> tuple[str, str]:
+    """The floor, and whether the build (CUDA, ROCm, CPU-only) fits the site's GPUs."""
+    build = environment.installed_torch()
+    try:
+        environment.check_torch(build.version if build else None)
+    except DdlError as exc:
+        return FAIL, str(exc)
+    problem = environment.build_mismatch(build, site.name, site.accelerator)
+    if problem:
+        return FAIL, problem
+    floor = ".".join(map(str, environment.TORCH_FLOOR))
+    short = [name for name in environment.STRATEGY_TORCH_FLOORS
+             if _refuses(name, build.version)]
+    return OK, (f"{build.describe()}, ddl needs >= {floor}"
+                + (f"; too old for --strategy {', '.join(short)}" if short else ""))
+
+
+def _refuses(strategy: str, version: str) -> bool:
+    try:
+        environment.check_strategy_torch(strategy, version)
+    except DdlError:
+        return True
+    return False
 
 
 def _check_devices(site) -> tuple[str, str]:
@@ -62,6 +107,10 @@ def _check_data(data_dir: Path | None) -> tuple[str, str]:
     if data_dir is None:
         return SKIP, "no --data-dir given"
     if not data_dir.is_dir():
+        container = container_inside.detect()
+        if container:
+            return FAIL, container_inside.missing_dir(data_dir, "data directory", container,
+                                                      "run `ddl prepare` for it")
         return FAIL, f"data directory {data_dir} does not exist"
     if not os.access(data_dir, os.R_OK | os.X_OK):
         return FAIL, f"data directory {data_dir} is not readable"
@@ -69,6 +118,14 @@ def _check_data(data_dir: Path | None) -> tuple[str, str]:
 
 
 def _check_container(site) -> tuple[str, str]:
+    inside = container_inside.detect()
+    if inside:  # no runtime on PATH is expected here, not a failure
+        wrong = inside.target and site.accelerator not in ("cpu", inside.target)
+        if wrong:
+            label = environment.GPU_LABEL[site.accelerator]
+            return FAIL, (f"{inside.describe()}: a {inside.target} image cannot use "
+                          f"{site.name}'s {label} GPUs; use a {site.accelerator} image")
+        return OK, inside.describe()
     found = [n for n in ("apptainer", "singularity") if shutil.which(n)]
     if not found:
         status = FAIL if site.accelerator != "cpu" else SKIP
@@ -113,6 +170,9 @@ def run_checks(site_name: str, data_dir: Path | None) -> int:
     site = get_site(site_name, plugins)
     print(f"{OK:<5}site: {site.name} ({why})")
     checks: list[tuple[str, Callable[[], tuple[str, str]]]] = [
+        ("platform", lambda: _check_platform(site)),
+        ("python", _check_python),
+        ("torch", lambda: _check_torch(site)),
         ("devices", lambda: _check_devices(site)),
         ("backend", lambda: _check_backend(site)),
         ("rendezvous", lambda: _check_rendezvous(site)),

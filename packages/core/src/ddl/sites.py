@@ -130,6 +130,11 @@ class SiteProfile(_Strict):
     description: str = Field(pattern=ONE_LINE)
     detect: Detect = Detect()
     accelerator: Literal["cpu", "cuda", "rocm"]
+    arch: Literal["x86_64", "aarch64", "ppc64le"] | None = Field(
+        None, description="CPU architecture of the compute nodes (`uname -m`); images and "
+        "torch builds must be made for it. None: not checked")
+    torch_source: str = Field("", pattern=ONE_LINE, description="where a torch build for "
+                              "this site comes from, said when a node does not fit")
     device_peak_flops: float | None = Field(
         None, gt=0, description="dense peak of ONE device as torch sees it (an MI250X GCD, "
         "not the module), in FLOP/s, for MFU")
