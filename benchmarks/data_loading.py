@@ -40,7 +40,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)  # like one rank of a local run; workers are the variable
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
     from ddl_imagewoof.bench import dataset_throughput
 
     spec = Plugins().workload("imagewoof")

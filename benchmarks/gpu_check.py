@@ -60,7 +60,7 @@ class Kit:
         self.device: dict = {}
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if not self.gpu:
-            self.env["OMP_NUM_THREADS"] = "1"  # as every rank of a local run (ddl.launch)
+            self.env["OMP_NUM_THREADS"] = "1"  # as every rank of a local run (ddl.launch.local)
 
     # --- the pieces of a check's record ------------------------------------------------
     @staticmethod
@@ -75,7 +75,7 @@ class Kit:
         script = Path(sys.executable).with_name("ddl")
         if script.exists():
             return [str(script)]
-        return [sys.executable, "-c", "import sys; from ddl.cli import main; sys.exit(main())"]
+        return [sys.executable, "-c", "import sys; from ddl.commands.cli import main; sys.exit(main())"]
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()

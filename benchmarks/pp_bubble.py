@@ -75,7 +75,7 @@ def _toy_workload(settings: Settings):
     import torch.nn.functional as F
     from torch import nn
 
-    from ddl.workload import Workload
+    from ddl.contract.workload import Workload
 
     class AcceleratorWait(torch.autograd.Function):
         """Identity whose forward and backward take a fixed time off the host's CPU."""
@@ -140,8 +140,8 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     import torch
 
     torch.set_num_threads(1)  # one core per stage: stages must not compete for threads
-    from ddl.distributed import init_world
-    from ddl.precision import Precision
+    from ddl.worker.distributed import init_world
+    from ddl.worker.precision import Precision
     from ddl_strategies.pp import PipelineStrategy
 
     world = init_world("cpu", "cpu", "gloo")

@@ -86,7 +86,7 @@ def _parser_section(parser: argparse.ArgumentParser, words: list[str], out: list
 
 
 def cli_page() -> str:
-    from ddl.cli import make_parser
+    from ddl.commands.cli import make_parser
 
     out = [HEADER + "# Command line reference\n",
            "Every command and flag of `ddl`, generated from its parser. Defaults shown as "
@@ -150,14 +150,14 @@ def _model_section(name: str, schema: dict, defs: dict, required: set[str],
 
 
 def schema_page() -> str:
-    from ddl.sites import SiteProfile
+    from ddl.settings.sites import SiteProfile
 
     schema = SiteProfile.model_json_schema()
     defs = schema.get("$defs", {})
     skip = {k for k, f in SiteProfile.model_fields.items() if f.exclude}
     out = [HEADER + "# Site profile schema\n",
            "The keys of a site profile (`sites/*.toml`, or a plugin's `ddl_site_dirs`), "
-           "generated from the pydantic model `ddl.sites.SiteProfile`. Unknown keys are "
+           "generated from the pydantic model `ddl.settings.sites.SiteProfile`. Unknown keys are "
            "errors. Tables nest as TOML tables: `[rendezvous]`, `[partitions.NAME]`, ... "
            "See [sites.md](../sites.md) for what the profiles are for.\n"]
     out += _model_section("SiteProfile", schema, defs, set(schema.get("required", [])), skip)

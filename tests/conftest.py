@@ -16,7 +16,7 @@ DDL = str(Path(sys.executable).with_name("ddl"))  # the console script of this v
 
 def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
-    # One intra-op thread, as every worker of a multi-process run has (ddl.launch): a
+    # One intra-op thread, as every worker of a multi-process run has (ddl.launch.local): a
     # single-process reference on 2 threads splits oneDNN's convolution reductions
     # differently, and the tiny ResNet (plain BatchNorm) grows that rounding from 6e-8 to
     # 8e-3 in three SGD steps (measured on an AMD EPYC host), failing 1e-5 comparisons for a

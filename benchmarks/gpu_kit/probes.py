@@ -44,7 +44,7 @@ def environment(device: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - report any failure, do not stop
             out["nvml_driver"] = f"unavailable: {type(exc).__name__}: {exc}"
     import ddl
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     plugins = Plugins()
     out.update({"ddl": ddl.__version__, "ddl_path": ddl.__file__,
@@ -63,10 +63,10 @@ def matmul(device: str, size: int, repeats: int) -> dict:
     import torch
 
     if device == "cpu":
-        from ddl.mfu import measure_matmul_peak
+        from ddl.worker.mfu import measure_matmul_peak
 
         flops = measure_matmul_peak(size=size, repeats=repeats, threads=torch.get_num_threads())
-        return {"dtype": "fp32", "size": size, "peak_flops": flops, "source": "ddl.mfu"}
+        return {"dtype": "fp32", "size": size, "peak_flops": flops, "source": "ddl.worker.mfu"}
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):  # kernel choice, clocks up
@@ -97,13 +97,13 @@ def _tensors(batch) -> list:
 
 def loader(device: str, plugin: str, preset: str, data_dir: str, workers: int,
            batches: int) -> dict:
-    """ddl's own training loader (ddl.data.train_loader) with and without pinned memory:
+    """ddl's own training loader (ddl.worker.loaders.train_loader) with and without pinned memory:
     batches/s, whether the batches really arrive pinned, and the host-to-device copy rate
     of ``Workload.to_device`` (non_blocking; synchronised here to time it)."""
     import torch
 
-    from ddl.data import train_loader
-    from ddl.plugins import Plugins
+    from ddl.worker.loaders import train_loader
+    from ddl.contract.plugins import Plugins
 
     spec = Plugins().workload(plugin)
     workload = spec.create(spec.presets[preset])

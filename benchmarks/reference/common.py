@@ -20,7 +20,7 @@ def arguments() -> argparse.Namespace:
 
 
 def workload(plugin: str, preset: str):
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     spec = Plugins().workload(plugin)
     return spec.create(spec.presets[preset]), spec.presets[preset]

@@ -13,7 +13,7 @@ gloo, 3 optimizer steps, compared with one single-process reference per workload
 equal the gradient of one B-sample batch, so the weights agree to float rounding; the bar is
 1e-5 relative (fp32): per element for SGD (mnist, cifar), per tensor for the AdamW-trained
 xresnet and T5 (conftest.assert_same_weights says why). What makes the ResNets comparable at
-all is BatchNorm that does not depend on how the batch is cut (ddl.batchnorm): `tiny-syncbn`
+all is BatchNorm that does not depend on how the batch is cut (ddl.contract.batchnorm): `tiny-syncbn`
 for data parallelism, `tiny-ghostbn` (statistics per 8 samples = one microbatch) for
 pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, SGD) or 2e-3
 (imagewoof, AdamW) the first steps are chaotic enough that reduction-order rounding grows to
@@ -137,7 +137,7 @@ def test_every_supported_cell_is_checked():
     """Each cell `ddl plugins` lists as supported has a check at 2 and at 4 ranks (for pp:
     some schedule at each size, and every schedule of SCHEDULES at some size); nothing is
     checked that is not supported."""
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     plugins = Plugins()
     workloads, strategies = plugins.workloads(), plugins.strategies()
@@ -221,8 +221,8 @@ def references(tmp_path_factory, data_dirs):
 
 
 def _initial_weights(setup: Setup, data_dir: Path) -> dict[str, torch.Tensor]:
-    from ddl.distributed import seed_all
-    from ddl.plugins import Plugins
+    from ddl.worker.distributed import seed_all
+    from ddl.contract.plugins import Plugins
 
     spec = Plugins().workload(setup.workload)
     workload = spec.create(spec.presets[setup.preset])

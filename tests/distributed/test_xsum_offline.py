@@ -114,7 +114,7 @@ def test_training_opens_no_network_connection(probe, tmp_path):
     data_dir = tmp_path / "data"
     data.write_synthetic(data_dir, sizes={"train": 64, "validation": 16, "test": 16})
     proc = subprocess.run(
-        [sys.executable, "-c", "import sitecustomize, sys; from ddl.cli import main; "
+        [sys.executable, "-c", "import sitecustomize, sys; from ddl.commands.cli import main; "
          "sys.exit(main(sys.argv[1:]))",
          "train", "--plugin", "xsum", "--preset", "tiny", "--nproc", "1", "--epochs", "1",
          "--steps-per-epoch", "2", "--data-dir", str(data_dir), "--run-dir",

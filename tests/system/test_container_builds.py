@@ -36,7 +36,7 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
 
 
 def test_real_apptainer_is_recognised_and_gets_its_options(runtime_env, tmp_path):
-    from ddl.container import detect_runtime
+    from ddl.launch.container_build import detect_runtime
 
     runtime = detect_runtime(shutil.which("apptainer", path=runtime_env["PATH"]))
     assert runtime.flavour == "apptainer" and runtime.version >= (1, 2), runtime

@@ -4,7 +4,7 @@ tests/system/conftest.py: `runtime_env`, `image`).
 - The image's `ddl.target` label is read with `apptainer inspect --labels` at submit: the
   CPU image is refused for lumi-g (a ROCm site) in one line naming the label and the site,
   and renders for the CPU site local-slurm (and for lumi-g with --device cpu).
-- The container words the batch script runs (ddl.container_launch: the bind block, then
+- The container words the batch script runs (ddl.launch.container_launch: the bind block, then
   `apptainer run "${ddl_binds[@]}" IMAGE`) make a data directory outside the cwd, $HOME
   and /tmp (all bound by Apptainer by default) visible inside: the image's ddl trains on
   it and writes results.json to the run directory on the host, though the site's bind
@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_one_line_error, run_ddl
-from ddl.container_launch import HostDir, bind_lines, entry
-from ddl.sites import Container, get_site
+from ddl.launch.container_launch import HostDir, bind_lines, entry
+from ddl.settings.sites import Container, get_site
 
 pytestmark = pytest.mark.system
 

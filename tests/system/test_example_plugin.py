@@ -51,7 +51,7 @@ def venv(tmp_path_factory) -> Path:
 
 
 def _ddl(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    command = "import sys; from ddl.cli import main; sys.exit(main())"
+    command = "import sys; from ddl.commands.cli import main; sys.exit(main())"
     return subprocess.run([str(venv / "bin" / "python"), "-c", command, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
 

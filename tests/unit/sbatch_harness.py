@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ddl.cli import main
+from ddl.commands.cli import main
 
 OUTPUT_DIR = "/scratch/proj/runs"
 FIXED = ["--account", "proj", "--ddl-command", "ddl", "--output-dir", OUTPUT_DIR,

@@ -1,10 +1,10 @@
-"""ddl.batchnorm: the BatchNorm variants that make runs of any layout comparable."""
+"""ddl.contract.batchnorm: the BatchNorm variants that make runs of any layout comparable."""
 
 import pytest
 import torch
 from torch import nn
 
-from ddl.batchnorm import CrossReplicaBatchNorm2d, GhostBatchNorm2d, convert
+from ddl.contract.batchnorm import CrossReplicaBatchNorm2d, GhostBatchNorm2d, convert
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ def test_cross_replica_batchnorm_is_batchnorm_in_one_process():
 def test_resnet_presets_use_them():
     """The comparable presets of both ResNets get the variants; cross-replica BN is refused
     under a pipeline (its all-reduces need every rank's BN layers)."""
-    from ddl.errors import UsageError
+    from ddl.contract.errors import UsageError
     from ddl_cifar.plugin import PRESETS as CIFAR
     from ddl_cifar.workload import CifarWorkload
     from ddl_imagewoof.plugin import PRESETS as WOOF

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from ddl import checkpoint
-from ddl.errors import UsageError
+from ddl.contract import state_names
+from ddl.worker import checkpoint
+from ddl.contract.errors import UsageError
 
 pytestmark = pytest.mark.unit
 
@@ -61,11 +62,11 @@ def test_rename_state_round_trip_with_flattened_optimizer_keys():
     state = {"model": {"0.block.weight": 1, "0.block.bias": 2, "1.head.weight": 3},
              "optim": {"state.0.block.weight.exp_avg": 4, "state.1.head.weight.step": 5,
                        "param_groups.0.block.bias.lr": 6}}
-    renamed, back = checkpoint.rename_state(state, lambda fqn: fqn.split(".", 1)[1])
+    renamed, back = state_names.rename_state(state, lambda fqn: fqn.split(".", 1)[1])
     assert renamed == {"model": {"block.weight": 1, "block.bias": 2, "head.weight": 3},
                        "optim": {"state.block.weight.exp_avg": 4, "state.head.weight.step": 5,
                                  "param_groups.block.bias.lr": 6}}
-    assert checkpoint.restore_names(renamed, back) == state
+    assert state_names.restore_names(renamed, back) == state
 
 
 def test_rng_states_survive_a_weights_only_round_trip(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_line_error, run_ddl
-from ddl.errors import DataError, DataMissing
+from ddl.contract.errors import DataError, DataMissing
 from ddl_cifar import data
 
 pytestmark = pytest.mark.unit

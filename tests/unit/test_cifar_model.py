@@ -163,7 +163,7 @@ def test_pipeline_stages_compose_to_the_model(n_stages):
 
 
 def test_pipeline_stage_limits():
-    from ddl.errors import UsageError
+    from ddl.contract.errors import UsageError
 
     workload = CifarWorkload(PRESETS["tiny"])
     net = workload.build_model()

@@ -8,7 +8,7 @@ with keys dropped, added or given values of the wrong kind, or the TOML text dam
 Every outcome must be a success (exit 0, nothing on stderr) or exactly one line on stderr
 with exit code 2; `ddl doctor` may also report failed checks (exit 1, on stdout).
 
-`ddl.cli.main` runs in-process for speed, with stdout and stderr encoded as on a UTF-8
+`ddl.commands.cli.main` runs in-process for speed, with stdout and stderr encoded as on a UTF-8
 terminal (strict for stdout, backslashreplace for stderr, as Python does), so text that
 cannot be printed fails here as it would for a user. Nothing can start training or submit
 a job: train always ends with a --data-dir that does not exist (the best case stops in the
@@ -34,10 +34,10 @@ from hypothesis import (HealthCheck, currently_in_test_context, event, example, 
                         settings)
 from hypothesis import strategies as st
 
-from ddl.cli import main, make_parser
-from ddl.config import RunConfig
-from ddl.plugins import Plugins
-from ddl.sites import SITE_PATH_ENV, known_sites
+from ddl.commands.cli import main, make_parser
+from ddl.settings.config import RunConfig
+from ddl.contract.plugins import Plugins
+from ddl.settings.sites import SITE_PATH_ENV, known_sites
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ddl.config import RunConfig, build, load_config_file, resolve_batch, scaled_lr
-from ddl.errors import UsageError
+from ddl.settings.config import RunConfig, build, load_config_file, resolve_batch, scaled_lr
+from ddl.contract.errors import UsageError
 
 pytestmark = pytest.mark.unit
 

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.unit
 sys.path.insert(0, str(REPO / "docs" / "examples" / "ddl-example-plugin" / "src"))
 
 from ddl import conformance  # noqa: E402
-from ddl.hookspecs import hookimpl  # noqa: E402
-from ddl.plugins import Plugins  # noqa: E402
+from ddl.contract.hookspecs import hookimpl  # noqa: E402
+from ddl.contract.plugins import Plugins  # noqa: E402
 from ddl_example import data  # noqa: E402
 from ddl_example.plugin import PRESETS  # noqa: E402
 from ddl_example.plugin import ddl_register_workloads as example_specs  # noqa: E402

@@ -190,7 +190,7 @@ def test_default_output_is_containers_ddl_sif_of_the_checkout(tmp_path, wheelhou
     ("singularity version 3.8.7-1.el8\n", "singularity", (3, 8, 7)),
 ])
 def test_runtime_is_told_by_its_version_string(text, flavour, version):
-    from ddl.container import parse_version
+    from ddl.launch.container_build import parse_version
 
     runtime = parse_version("/x/singularity", text)
     assert (runtime.flavour, runtime.version) == (flavour, version)
@@ -199,8 +199,8 @@ def test_runtime_is_told_by_its_version_string(text, flavour, version):
 
 
 def test_an_unknown_version_string_is_an_error():
-    from ddl.container import parse_version
-    from ddl.errors import DdlError
+    from ddl.launch.container_build import parse_version
+    from ddl.contract.errors import DdlError
 
     with pytest.raises(DdlError, match="expected 'apptainer version X'"):
         parse_version("/x/apptainer", "podman version 5.0.0")
@@ -243,8 +243,8 @@ def test_old_singularity_ce_cannot_take_build_arguments(tmp_path, wheelhouse):
 ])
 def test_singularity_ce_unprivileged_build_rules(tmp_path, host, fakeroot, needles):
     """The rules for a normal user (these tests may run as root, so the host is given)."""
-    from ddl.container import BuildRequest, Host, Runtime, runtime_options
-    from ddl.errors import UsageError
+    from ddl.launch.container_build import BuildRequest, Host, Runtime, runtime_options
+    from ddl.contract.errors import UsageError
 
     req = BuildRequest(definition=tmp_path / "x.def", output=tmp_path / "x.sif",
                        wheelhouse=tmp_path, fakeroot=fakeroot)
@@ -261,7 +261,7 @@ def test_singularity_ce_unprivileged_build_rules(tmp_path, host, fakeroot, needl
 def test_failure_reason_names_the_section_and_the_cause(tmp_path):
     """As Apptainer 1.4 prints a failing %post (captured from a real build): the FATAL
     line says only "exit status 127"; the cause is the shell's line before it."""
-    from ddl.container import failure_reason
+    from ddl.launch.container_build import failure_reason
 
     definition = tmp_path / "x.def"
     definition.write_text("Bootstrap: localimage\nFrom: /base\n\n%post\n    set -eu\n"

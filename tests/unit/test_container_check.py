@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, assert_one_line_error, run_ddl
-from ddl.container_def import check, parse
-from ddl.errors import UsageError
+from ddl.launch.container_def import check, parse
+from ddl.contract.errors import UsageError
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""ddl.datafiles, the data-directory helpers every workload uses: a new set replaces the old
+"""ddl.contract.datafiles, the data-directory helpers every workload uses: a new set replaces the old
 one only when complete (also when the writer is killed), real data is never overwritten by a
 generator, and failures are one line. Real files, a real SIGKILL and the real CLI."""
 
@@ -17,8 +17,8 @@ from urllib.error import HTTPError, URLError
 import pytest
 
 from conftest import assert_one_line_error, run_ddl
-from ddl import datafiles
-from ddl.errors import DataError, DdlError
+from ddl.contract import datafiles
+from ddl.contract.errors import DataError, DdlError
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +67,7 @@ def test_a_killed_writer_leaves_the_old_set_intact(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from ddl import datafiles
+        from ddl.contract import datafiles
         with datafiles.replacing(Path({str(target)!r}), "synthetic") as new:
             (new / "train.bin").write_bytes(b"half of the new set")
             print("writing", flush=True)

@@ -35,25 +35,25 @@ def test_reference_pages_are_current():
 
 
 def test_a_new_flag_or_profile_key_makes_them_stale(monkeypatch):
-    import ddl.cli
-    import ddl.sites
+    import ddl.commands.cli
+    import ddl.settings.sites
 
     gen = _generator()
-    make_parser = ddl.cli.make_parser
+    make_parser = ddl.commands.cli.make_parser
 
     def with_extra_flag():
         parser = make_parser()
         parser.add_argument("--brand-new-flag", help="not in the committed page")
         return parser
 
-    monkeypatch.setattr(ddl.cli, "make_parser", with_extra_flag)
+    monkeypatch.setattr(ddl.commands.cli, "make_parser", with_extra_flag)
     assert "--brand-new-flag" in gen.cli_page()
     assert gen.CLI_PAGE in gen.stale_pages()
 
-    class Extended(ddl.sites.SiteProfile):
+    class Extended(ddl.settings.sites.SiteProfile):
         brand_new_key: int = 0
 
-    monkeypatch.setattr(ddl.sites, "SiteProfile", Extended)
+    monkeypatch.setattr(ddl.settings.sites, "SiteProfile", Extended)
     assert "`brand_new_key`" in gen.schema_page()
     assert gen.SCHEMA_PAGE in gen.stale_pages()
 

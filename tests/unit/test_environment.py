@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from conftest import DDL, assert_one_line_error, run_ddl
-from ddl import container_inside, environment
-from ddl.errors import UsageError
-from ddl.sites import get_site
+from ddl.launch import container_inside
+from ddl.launch import environment
+from ddl.contract.errors import UsageError
+from ddl.settings.sites import get_site
 
 pytestmark = pytest.mark.unit
 

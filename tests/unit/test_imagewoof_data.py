@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ddl.errors import DataError, DataMissing, DdlError
+from ddl.contract.errors import DataError, DataMissing, DdlError
 from ddl_imagewoof import data
 from ddl_imagewoof.plugin import PRESETS
 from ddl_imagewoof.workload import ImagewoofWorkload

@@ -2,10 +2,10 @@
 
 import pytest
 
-from ddl.errors import DdlError, UsageError
-from ddl.rendezvous import endpoint_from_env, expand_nodelist, port_for
-from ddl.sites import Rendezvous, detect_site, get_site
-from ddl.slurm import choose_launcher, node_launcher_command, srun_worker_env
+from ddl.contract.errors import DdlError, UsageError
+from ddl.launch.rendezvous import endpoint_from_env, expand_nodelist, port_for
+from ddl.settings.sites import Rendezvous, detect_site, get_site
+from ddl.launch.slurm import choose_launcher, node_launcher_command, srun_worker_env
 
 pytestmark = pytest.mark.unit
 
@@ -124,6 +124,6 @@ def test_node_launchers_get_the_rendezvous_timeout(launcher, conf):
     ("cuda", "nccl", "nccl"),
 ])
 def test_collective_backend_follows_the_device(device, site_backend, expected):
-    from ddl.distributed import collective_backend
+    from ddl.worker.distributed import collective_backend
 
     assert collective_backend(device, site_backend) == expected

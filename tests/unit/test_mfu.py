@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ddl import mfu
-from ddl.sites import get_site
+from ddl.worker import mfu
+from ddl.settings.sites import get_site
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ def test_mfu_of_the_mnist_cnn_on_an_a100():
     # conv2 8*8*64*32*25 = 3,276,800, fc 64*16*10 = 10,240 -> 3,747,840 MACs; training
     # = 3 x 2 x MACs = 22,487,040 FLOPs. 100,000 samples/s on 4 A100s (312 TF each):
     # 22,487,040 * 25,000 / 312e12 = 0.0018018...
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     spec = Plugins().workload("mnist")
     flops = spec.create(spec.presets[spec.default_preset]).flops_per_sample()

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.unit
 
 PROBE = """
 import sys
-from ddl.cli import main
+from ddl.commands.cli import main
 try:
     code = main({args!r})
 except SystemExit as exc:  # argparse's --help exits
@@ -34,7 +34,7 @@ def test_command_does_not_import_torch(args):
 
 def test_probe_detects_torch():
     """The probe itself can fail: it reports torch once something imported it."""
-    probe = PROBE.replace("from ddl.cli import main", "from ddl.cli import main\nimport torch")
+    probe = PROBE.replace("from ddl.commands.cli import main", "from ddl.commands.cli import main\nimport torch")
     proc = subprocess.run([sys.executable, "-c", probe.format(args=["sites"])],
                           capture_output=True, text=True, timeout=60)
     heavy = proc.stdout.rsplit("HEAVY:", 1)[1].split()[0].split(",")

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddl.hookspecs import hookimpl
-from ddl.plugin_listing import render
-from ddl.plugins import Plugins
-from ddl.specs import Preset, StrategySpec, WorkloadSpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.commands.plugin_listing import render
+from ddl.contract.plugins import Plugins
+from ddl.contract.specs import Preset, StrategySpec, WorkloadSpec
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import assert_one_line_error, run_ddl
-from ddl.hookspecs import hookimpl
-from ddl.plugins import Plugins
-from ddl.specs import Preset, WorkloadSpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.plugins import Plugins
+from ddl.contract.specs import Preset, WorkloadSpec
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ddl.distributed import World
-from ddl.errors import UsageError
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
 from ddl_strategies.pp import PipelineStrategy
 
 pytestmark = pytest.mark.unit

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from ddl.config import RunConfig
-from ddl.distributed import World
-from ddl.errors import UsageError
-from ddl.precision import Precision, resolve
-from ddl.trainer import loader_workers
+from ddl.settings.config import RunConfig
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
+from ddl.worker.precision import Precision, resolve
+from ddl.worker.trainer import loader_workers
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")

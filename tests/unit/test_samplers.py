@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from ddl.data import EvalShardSampler, train_loader
-from ddl.metrics import MetricSums
+from ddl.worker.loaders import EvalShardSampler, train_loader
+from ddl.worker.metrics import MetricSums
 
 pytestmark = pytest.mark.unit
 

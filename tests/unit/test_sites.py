@@ -2,8 +2,8 @@
 
 import pytest
 
-from ddl.errors import UsageError
-from ddl.sites import get_site, known_sites
+from ddl.contract.errors import UsageError
+from ddl.settings.sites import get_site, known_sites
 
 pytestmark = pytest.mark.unit
 
@@ -44,8 +44,8 @@ def test_extra_directory_is_searched_first(tmp_path, monkeypatch):
 def test_plugin_hook_adds_a_directory(tmp_path):
     from types import SimpleNamespace
 
-    from ddl.hookspecs import hookimpl
-    from ddl.plugins import Plugins
+    from ddl.contract.hookspecs import hookimpl
+    from ddl.contract.plugins import Plugins
 
     (tmp_path / "vendor.toml").write_text(GOOD.format(name="vendor"))
 
@@ -68,7 +68,7 @@ def test_short_site_names_resolve_to_their_profiles(short, full):
 
 
 def test_alias_never_shadows_a_profile_name_and_the_first_claim_wins(tmp_path, monkeypatch):
-    from ddl.sites import aliases
+    from ddl.settings.sites import aliases
 
     mine = GOOD.format(name="mine") + 'aliases = ["m", "local", "lumi"]\n'
     other = GOOD.format(name="other") + 'aliases = ["m"]\n'
@@ -96,7 +96,7 @@ def test_unknown_site_lists_names_and_aliases():
 
 
 def test_sites_listing_shows_the_short_names(capsys):
-    from ddl.cli import main
+    from ddl.commands.cli import main
 
     assert main(["sites"]) == 0
     rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()}
@@ -105,7 +105,7 @@ def test_sites_listing_shows_the_short_names(capsys):
 
 
 def test_submit_with_a_short_name_renders_the_full_profile(capsys):
-    from ddl.cli import main
+    from ddl.commands.cli import main
 
     assert main(["submit", "--site", "lumi", "--account", "project_1", "--dry-run"]) == 0
     script = capsys.readouterr().out

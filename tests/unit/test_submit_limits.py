@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import assert_one_line_error, run_ddl
-from ddl.submit import slurm_seconds
+from ddl.launch.submit import slurm_seconds
 
 pytestmark = pytest.mark.unit
 

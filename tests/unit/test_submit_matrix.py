@@ -111,7 +111,7 @@ def _launch(script: str) -> str:
 def test_launch_line_binds_and_kills_on_bad_exit(capsys, site, launcher, container):
     """A failed rank (or node) ends the whole step at once, in every style; under a
     per-node launcher srun binds nothing (the workers bind themselves)."""
-    from ddl.sites import get_site
+    from ddl.settings.sites import get_site
 
     words = _launch(render(capsys, *_args(site, launcher, container))).split()
     assert "--kill-on-bad-exit=1" in words

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ddl.cli import main
-from ddl.errors import UsageError
-from ddl.submit import check_syntax
+from ddl.commands.cli import main
+from ddl.contract.errors import UsageError
+from ddl.launch.submit import check_syntax
 from sbatch_harness import FIXED, render, run_script
 
 pytestmark = pytest.mark.unit

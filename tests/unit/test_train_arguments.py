@@ -3,7 +3,7 @@ or of a scaling point (`ddl scale`): the job parses what the user gave, paths ab
 
 import pytest
 
-from ddl.cli import main, make_parser, train_arguments
+from ddl.commands.cli import main, make_parser, train_arguments
 
 pytestmark = pytest.mark.unit
 

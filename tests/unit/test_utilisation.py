@@ -3,7 +3,7 @@ are absent here (no GPU on this machine)."""
 
 import pytest
 
-from ddl import utilisation
+from ddl.worker import utilisation
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import assert_one_line_error, run_ddl
-from ddl.errors import DataError, DataMissing
+from ddl.contract.errors import DataError, DataMissing
 from ddl_xsum import data, synthetic
 
 pytestmark = pytest.mark.unit
@@ -180,7 +180,7 @@ def test_listing_does_not_import_the_heavy_libraries():
 
 
 def test_ddl_plugins_lists_xsum_with_presets_and_capabilities(tmp_path):
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     proc = run_ddl("plugins", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddl.distributed import World
+from ddl.contract.world import World
 from ddl_xsum import data
 from ddl_xsum.plugin import PRESETS
 from ddl_xsum.workload import XsumWorkload, shift_right

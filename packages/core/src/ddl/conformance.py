@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddl.specs import CAPABILITIES, WorkloadSpec
-from ddl.workload import SPLITS
+from ddl.contract.specs import CAPABILITIES, WorkloadSpec
+from ddl.contract.workload import SPLITS
 
 CONTRACTS = {
     "presets": "the spec has presets, its default preset is one of them, every preset has "
@@ -52,7 +52,7 @@ CONTRACTS = {
 __doc__ += "".join(f"\n- ``{name}``: {text}." for name, text in CONTRACTS.items())
 
 #: How the CLI checks run ddl: this interpreter, so a venv's plugins are the ones checked.
-DDL_COMMAND = (sys.executable, "-c", "import sys; from ddl.cli import main; sys.exit(main())")
+DDL_COMMAND = (sys.executable, "-c", "import sys; from ddl.commands.cli import main; sys.exit(main())")
 STEPS = ("--epochs", "1", "--steps-per-epoch", "3", "--seed", "7")
 
 
@@ -96,7 +96,7 @@ def check_spec(spec: WorkloadSpec) -> None:
 def check_data(spec: WorkloadSpec, data_dir: Path, preset: str = "tiny") -> Any:
     """``data``: generate the synthetic set unless present, then check_data() must pass.
     Returns the workload object for the next checks."""
-    from ddl.errors import DataMissing
+    from ddl.contract.errors import DataMissing
 
     workload = spec.create(spec.presets[preset])
     data_dir = Path(data_dir)
@@ -147,7 +147,7 @@ def check_model(workload: Any, dataset: Any, name: str, batch_size: int = 4) -> 
     import torch
     from torch.utils.data import DataLoader
 
-    from ddl.distributed import seed_all
+    from ddl.worker.distributed import seed_all
 
     seed_all(7)
     try:
@@ -284,7 +284,7 @@ def check_ddp_equivalence(name: str, data_dir: Path, work_dir: Path, preset: str
 
 def supported_strategies(spec: WorkloadSpec, plugins: Any = None) -> list[str]:
     """The installed strategies whose requirements the workload's capabilities meet."""
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     strategies = (plugins or Plugins()).strategies()
     return [s for s, strategy in strategies.items() if strategy.supports(spec)]
@@ -305,7 +305,7 @@ def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
     """The whole kit for an installed workload: in-process checks, then DDP equivalence and
     each supported strategy (default: every one ``ddl plugins`` marks as supported) through
     ``ddl train``. ``work_dir`` receives the synthetic data and the run directories."""
-    from ddl.plugins import Plugins
+    from ddl.contract.plugins import Plugins
 
     plugins = plugins or Plugins()
     spec = plugins.workload(name)

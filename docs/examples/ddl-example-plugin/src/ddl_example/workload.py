@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddl.errors import DataError, DataMissing
-from ddl.workload import Workload
+from ddl.contract.errors import DataError, DataMissing
+from ddl.contract.workload import Workload
 from ddl_example import data
 
 

@@ -24,7 +24,7 @@ Three things live here, without importing torch:
   * `download` - the real data via torchvision (official tarball, md5-checked), login nodes.
 
 Both writers build the new directory in a temporary sibling and rename it into place
-(`ddl.datafiles`), so an interrupted run never leaves half a data set behind.
+(`ddl.contract.datafiles`), so an interrupted run never leaves half a data set behind.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ddl import datafiles
-from ddl.errors import DataError, DataMissing, DdlError
+from ddl.contract import datafiles
+from ddl.contract.errors import DataError, DataMissing, DdlError
 
 BASE_FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

@@ -39,7 +39,7 @@ from torch import nn
 
 # Cross-replica BN (tiny-syncbn) and ghost BN (tiny-ghostbn) live in the core, shared with
 # the Imagewoof workload.
-from ddl.batchnorm import CrossReplicaBatchNorm2d, convert
+from ddl.contract.batchnorm import CrossReplicaBatchNorm2d, convert
 
 KERAS_BN_EPS = 1.001e-5
 EXPANSION = 4  # bottleneck: the block's output has 4x the filters of its 3x3 convolution

@@ -1,7 +1,7 @@
 """Registration of the CIFAR-10 workload (no torch import here: listing must stay fast)."""
 
-from ddl.hookspecs import hookimpl
-from ddl.specs import Preset, WorkloadSpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.specs import Preset, WorkloadSpec
 
 # The course (BSC CTE-POWER, ResNet50.py / ResNet50.sh): Keras ResNet50V2, 128x128 input,
 # SGD lr 0.01 x n_gpus, batch 256 per GPU (256 / 512 / 1024 on 1 / 2 / 4 GPUs), 5 epochs.
@@ -29,7 +29,7 @@ PRESETS = {
                  "train_samples": 4500, "eval_samples": 500},
     ),
 }
-# The same with BatchNorm statistics over the whole global batch (ddl.batchnorm's
+# The same with BatchNorm statistics over the whole global batch (ddl.contract.batchnorm's
 # CrossReplicaBatchNorm2d): then N data-parallel ranks compute what one process does, which
 # the tests check. Plain BN (every other preset, and the course's Keras) normalises each
 # replica's share on its own.
@@ -37,7 +37,7 @@ PRESETS["tiny-syncbn"] = Preset(
     name="tiny-syncbn", summary="tiny with BatchNorm synchronised over data-parallel ranks",
     epochs=PRESETS["tiny"].epochs, batch_size=PRESETS["tiny"].batch_size, lr=PRESETS["tiny"].lr,
     options={**PRESETS["tiny"].options, "sync_bn": True})
-# The same with BatchNorm statistics per fixed group of 8 samples (ddl.batchnorm's
+# The same with BatchNorm statistics per fixed group of 8 samples (ddl.contract.batchnorm's
 # GhostBatchNorm2d): a pipeline's microbatches of 8, 16, ... samples are then normalised as
 # in one process.
 PRESETS["tiny-ghostbn"] = Preset(

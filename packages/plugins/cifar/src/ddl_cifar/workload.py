@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from ddl.errors import UsageError
-from ddl.workload import Workload
+from ddl.contract.errors import UsageError
+from ddl.contract.workload import Workload
 from ddl_cifar import data, model
 
 VAL_FRACTION = 0.1

@@ -17,7 +17,7 @@ def loader_throughput(data_dir: Path | str, workers: int, n_batches: int, *,
                       seed: int = 0) -> float:
     """Images per second from the training DataLoader over ``n_batches`` batches, after
     ``warmup_batches`` (worker start-up, first file opens) that are not timed."""
-    from ddl.specs import Preset
+    from ddl.contract.specs import Preset
     from ddl_imagewoof.workload import ImagewoofWorkload
 
     preset = Preset(name="bench", summary="loader benchmark", epochs=1, batch_size=batch_size,

@@ -15,7 +15,7 @@ Three things live here, none of which imports torch (validation must cost millis
   * :func:`download` - the real archive from fastai's S3 bucket, for login nodes.
 
 Both writers build the new ``imagewoof2-320/`` in a temporary sibling and rename it into place
-(:mod:`ddl.datafiles`), so an interrupted run never leaves half a data set behind.
+(:mod:`ddl.contract.datafiles`), so an interrupted run never leaves half a data set behind.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ddl import datafiles
-from ddl.errors import DataError, DdlError
+from ddl.contract import datafiles
+from ddl.contract.errors import DataError, DdlError
 
 DIRNAME = "imagewoof2-320"
 URL = "https://s3.amazonaws.com/fast-ai-imageclas/imagewoof2-320.tgz"  # fastai URLs.IMAGEWOOF_320

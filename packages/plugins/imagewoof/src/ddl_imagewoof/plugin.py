@@ -1,7 +1,7 @@
 """Registration of the Imagewoof workload (no torch import here: listing must stay fast)."""
 
-from ddl.hookspecs import hookimpl
-from ddl.specs import Preset, WorkloadSpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.specs import Preset, WorkloadSpec
 
 PRESETS = {
     "course": Preset(
@@ -20,7 +20,7 @@ PRESETS = {
 }
 # tiny made comparable across layouts, for the equivalence tests: no random augmentation
 # (crops would come from each rank's own random stream), fewer evaluation images, and
-# BatchNorm that does not depend on how the batch is cut (ddl.batchnorm): statistics over
+# BatchNorm that does not depend on how the batch is cut (ddl.contract.batchnorm): statistics over
 # all data-parallel ranks (syncbn) or over fixed groups of 8 samples for pipelines (ghostbn).
 # lr 5e-4: at tiny's 2e-3, 3 AdamW steps grow the rounding of a different summation order
 # (N ranks' gradient sums vs one) to 1e-3 in some weights; at 5e-4 it stays below 1e-6.

@@ -26,7 +26,7 @@ What this workload does (and where it differs, see docs/workloads/imagewoof.md):
   The ``augment=False`` option (presets tiny-syncbn, tiny-ghostbn) trains on the eval
   transform instead.
 * BatchNorm is per rank and per microbatch, as in fastai. The ``batchnorm`` option swaps in
-  a variant from :mod:`ddl.batchnorm` (``cross_replica``, or ``ghost`` with ``bn_group``)
+  a variant from :mod:`ddl.contract.batchnorm` (``cross_replica``, or ``ghost`` with ``bn_group``)
   so that runs of any layout compute what one process does (the equivalence tests).
 * Optimizer: fastai's default, Adam with decoupled weight decay (= AdamW, betas
   (0.9, 0.99), eps 1e-5, weight decay 0.01, none on BatchNorm and bias parameters), at a
@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from ddl.errors import DataError, DataMissing, UsageError
-from ddl.workload import Workload
+from ddl.contract.errors import DataError, DataMissing, UsageError
+from ddl.contract.workload import Workload
 from ddl_imagewoof import data
 from ddl_imagewoof.model import XResNet, XResNetConfig, scaled_config, train_flops_per_sample
 
@@ -134,7 +134,7 @@ class ImagewoofWorkload(Workload):
 
     # --- model, loss, metrics -----------------------------------------------------------
     def build_model(self) -> nn.Module:
-        from ddl.batchnorm import convert
+        from ddl.contract.batchnorm import convert
 
         return convert(XResNet(self.model_config), self.batchnorm, self.bn_group)
 

@@ -13,7 +13,7 @@ Three things live here:
   * `download` - the real data via torchvision, for login nodes.
 
 Both writers build the new `MNIST/` directory in a temporary sibling and rename it into
-place (`ddl.datafiles`), so an interrupted run never leaves half a data set behind.
+place (`ddl.contract.datafiles`), so an interrupted run never leaves half a data set behind.
 
 Only the standard library, numpy and PIL are imported at module level: importing torch
 costs seconds and most callers (validation, the CLI) never need it.
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from ddl import datafiles
-from ddl.errors import DataError, DdlError
+from ddl.contract import datafiles
+from ddl.contract.errors import DataError, DdlError
 
 # split -> (images file, labels file); the names torchvision's MNIST._load_data builds.
 RAW_FILES: dict[str, tuple[str, str]] = {

@@ -1,7 +1,7 @@
 """Registration of the MNIST workload (no torch import here: listing must stay fast)."""
 
-from ddl.hookspecs import hookimpl
-from ddl.specs import Preset, WorkloadSpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.specs import Preset, WorkloadSpec
 
 PRESETS = {
     "course": Preset(

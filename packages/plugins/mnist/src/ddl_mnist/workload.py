@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from ddl.errors import DataMissing
-from ddl.workload import Workload
+from ddl.contract.errors import DataMissing
+from ddl.contract.workload import Workload
 from ddl_mnist import data
 
 VAL_FRACTION = 0.1

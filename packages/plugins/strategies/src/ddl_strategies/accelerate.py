@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddl.distributed import World
-from ddl.errors import UsageError
-from ddl.strategy import Strategy
-from ddl.workload import Workload
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
 
 
 class AccelerateStrategy(Strategy):

@@ -34,10 +34,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from ddl.distributed import World
-from ddl.errors import UsageError
-from ddl.strategy import Strategy
-from ddl.workload import Workload
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
 
 
 class FSDPStrategy(Strategy):

@@ -15,10 +15,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from ddl.distributed import World
-from ddl.errors import UsageError
-from ddl.strategy import Strategy
-from ddl.workload import Workload
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
 from ddl_strategies.tp import apply_tensor_parallel, full_state
 
 

@@ -1,7 +1,7 @@
 """Registration of the strategies (no torch import here: listing must stay fast)."""
 
-from ddl.hookspecs import hookimpl
-from ddl.specs import StrategySpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.specs import StrategySpec
 
 
 @hookimpl

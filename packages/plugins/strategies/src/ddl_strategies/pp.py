@@ -59,10 +59,10 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
 )
 
-from ddl.distributed import World
-from ddl.errors import UsageError
-from ddl.strategy import Strategy
-from ddl.workload import Workload
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
 
 SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 MULTI = {"interleaved1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS,
@@ -107,7 +107,7 @@ class PipelineStrategy(Strategy):
     def _check_precision(self, world: World) -> None:
         """fp16 needs its loss scaled before the backward, which the schedule runs itself;
         refuse it rather than train unscaled (gradients would underflow)."""
-        from ddl.precision import resolve
+        from ddl.worker.precision import resolve
 
         requested = getattr(self.config, "precision", "fp32")
         if resolve(requested, world.device) == "fp16":

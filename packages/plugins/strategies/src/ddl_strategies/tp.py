@@ -26,10 +26,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ddl.distributed import World
-from ddl.errors import UsageError
-from ddl.strategy import Strategy
-from ddl.workload import Workload
+from ddl.contract.world import World
+from ddl.contract.errors import UsageError
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 

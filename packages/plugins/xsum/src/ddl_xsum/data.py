@@ -24,7 +24,7 @@ Three things live here, as in the MNIST plugin:
   * `download` fetches the real data and models from the Hugging Face Hub.
 
 Every writer builds a complete new tree in a temporary sibling and renames it into place
-(:mod:`ddl.datafiles`), so an interrupted run never leaves half a data set behind. Only the
+(:mod:`ddl.contract.datafiles`), so an interrupted run never leaves half a data set behind. Only the
 standard library is imported at module level (pyarrow, datasets, tokenizers and transformers
 cost seconds).
 """
@@ -37,8 +37,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ddl import datafiles
-from ddl.errors import DataError, DataMissing, DdlError
+from ddl.contract import datafiles
+from ddl.contract.errors import DataError, DataMissing, DdlError
 
 XSUM = "xsum"
 MARKER = datafiles.MARKER

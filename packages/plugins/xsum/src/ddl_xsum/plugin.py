@@ -1,8 +1,8 @@
 """Registration of the XSum workload (no torch or transformers import here: listing must
 stay fast)."""
 
-from ddl.hookspecs import hookimpl
-from ddl.specs import Preset, WorkloadSpec
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.specs import Preset, WorkloadSpec
 
 _COURSE = {"max_source_length": 512, "max_target_length": 150, "source_prefix": "summarize: ",
            "loss_reduction": "tokens", "lr_gamma": 0.3, "rouge": True}

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ddl.workload import Workload
+from ddl.contract.workload import Workload
 from ddl_xsum import data
 
 SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
@@ -299,7 +299,7 @@ class XsumWorkload(Workload):
         for module in model.modules():
             if isinstance(module, T5Attention):
                 if module.n_heads % tp_degree:
-                    from ddl.errors import UsageError
+                    from ddl.contract.errors import UsageError
                     raise UsageError(f"--strategy tp: {module.n_heads} attention heads do not "
                                      f"split over {tp_degree} ranks; allowed: a divisor of "
                                      f"{module.n_heads}")
@@ -323,7 +323,7 @@ class XsumWorkload(Workload):
 
         splits = self.pipeline_splits(model)
         if not 1 <= n_stages <= len(splits) + 1:
-            from ddl.errors import UsageError
+            from ddl.contract.errors import UsageError
             raise UsageError(f"{n_stages} pipeline stages need {n_stages - 1} split points; "
                              f"this T5 has {len(splits)} (one per block after the first); "
                              f"allowed: at most {len(splits) + 1} stages")

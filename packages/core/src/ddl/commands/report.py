@@ -1,0 +1,205 @@
+"""Scaling tables and plots from finished runs' ``results.json``.
+
+One point per run: epoch time (first epoch excluded, the trainer's summary), samples/s,
+speedup and parallel efficiency against the smallest run, MFU, per-rank memory and time
+spent waiting for data. Written as ``scale.json``, ``scale.csv`` and three PNGs (time,
+throughput, speedup; the last two with the ideal line). Used by ``ddl scale`` after its
+runs and by ``ddl report`` on any finished runs (e.g. after Slurm jobs ended).
+
+Speedup is the ratio of throughputs, not of epoch times: under weak scaling (per-replica
+batch kept) and with ``--steps-per-epoch`` the points' epochs hold different sample counts,
+and samples/s compares them fairly; with equal epochs the two ratios are the same.
+No torch here; matplotlib is imported only to draw.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from ddl.worker import mfu
+from ddl.contract.errors import DdlError, UsageError
+
+CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "speedup", "efficiency",
+              "mfu", "batch_per_replica", "batch_global", "data_wait_s", "data_wait_fraction",
+              "max_peak_rss_bytes", "max_model_state_bytes", "max_device_peak_allocated_bytes",
+              "cpu_percent_mean", "device_util_percent_mean")
+
+
+def read_results(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "results.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{run_dir}: no results.json (an unfinished or failed run?); give "
+                         "directories of finished runs") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not readable JSON: {exc}") from None
+
+
+def expand(dirs: list[Path]) -> list[Path]:
+    """Run directories, with a directory of runs (e.g. a ``ddl scale`` output) replaced by
+    the runs inside it."""
+    runs: list[Path] = []
+    for d in dirs:
+        if (d / "results.json").exists() or not d.is_dir():
+            runs.append(d)
+            continue
+        inner = sorted(p.parent for p in d.glob("*/results.json"))
+        if not inner:
+            raise UsageError(f"{d}: neither a finished run (results.json) nor a directory "
+                             "of finished runs")
+        runs += inner
+    return runs
+
+
+def point(run_dir: Path, results: dict[str, Any],
+          peak_override: float | None = None) -> dict[str, Any]:
+    """One scaling point from a run's results.json (numbers copied, not recomputed, except
+    MFU when another peak is given)."""
+    devices = results["world"]["size"]
+    summary = results["summary"]
+    measured = [e for e in results["epochs"] if e["epoch"] in summary["epochs_measured"]]
+    data_wait = sum(e["data_wait_s"] for e in measured) / len(measured)
+    block = results.get("mfu") or {}
+    peak = peak_override or block.get("peak_flops_per_device")
+    memory = results.get("memory_per_rank") or []
+    usage = results.get("utilisation") or []
+
+    def most(key: str) -> int | None:
+        values = [m[key] for m in memory if m.get(key) is not None]
+        return max(values) if values else None
+
+    def mean_over_ranks(key: str) -> float | None:
+        values = [u[key] for u in usage if u.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "devices": devices, "run_dir": str(run_dir),
+        "plugin": results["plugin"], "strategy": results["strategy"],
+        "preset": results["preset"], "site": results["site"],
+        "epoch_time_s": summary["epoch_time_s"], "samples_per_s": summary["samples_per_s"],
+        "epochs_measured": summary["epochs_measured"],
+        "batch_per_replica": results["batch"]["per_replica"],
+        "batch_global": results["batch"]["global"],
+        "data_wait_s": data_wait, "data_wait_fraction": data_wait / summary["epoch_time_s"],
+        "mfu": mfu.mfu(block.get("flops_per_sample"), summary["samples_per_s"], devices, peak),
+        "flops_per_sample": block.get("flops_per_sample"), "peak_flops_per_device": peak,
+        "memory_per_rank": memory,
+        "max_peak_rss_bytes": most("peak_rss_bytes"),
+        "max_model_state_bytes": most("model_state_bytes"),
+        "max_device_peak_allocated_bytes": most("device_peak_allocated_bytes"),
+        "cpu_percent_mean": mean_over_ranks("cpu_percent_mean"),
+        "device_util_percent_mean": mean_over_ranks("device_util_percent_mean"),
+    }
+
+
+def scaling_kind(points: list[dict[str, Any]]) -> str:
+    """'strong' (same global batch), 'weak' (same per-replica batch), 'mixed', or
+    'single point'."""
+    if len(points) == 1:
+        return "single point"
+    if len({p["batch_global"] for p in points}) == 1:
+        return "strong"
+    if len({p["batch_per_replica"] for p in points}) == 1:
+        return "weak"
+    return "mixed"
+
+
+def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sorted by devices, with speedup and efficiency against the smallest run."""
+    points = sorted(points, key=lambda p: p["devices"])
+    base = points[0]
+    for p in points:
+        p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
+        p["efficiency"] = p["speedup"] / (p["devices"] / base["devices"])
+    return points
+
+
+def build(run_dirs: list[Path], peak_override: float | None = None) -> dict[str, Any]:
+    runs = expand(run_dirs)
+    points = table([point(d, read_results(d), peak_override) for d in runs])
+    workloads = {(p["plugin"], p["preset"], p["strategy"]) for p in points}
+    if len(workloads) > 1:
+        raise UsageError("the runs train different things ("
+                         + "; ".join(" ".join(w) for w in sorted(workloads))
+                         + "); a scaling report compares one workload, preset and strategy")
+    return {"plugin": points[0]["plugin"], "preset": points[0]["preset"],
+            "strategy": points[0]["strategy"], "scaling": scaling_kind(points),
+            "baseline_devices": points[0]["devices"], "points": points}
+
+
+def write(report: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    with open(out / "scale.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(report["points"])
+    return [out / "scale.json", out / "scale.csv", *plots(report, out)]
+
+
+def plots(report: dict[str, Any], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+    except ImportError:
+        raise DdlError("the plots need matplotlib, which is not installed: "
+                       "pip install 'ddl[plots]' (or matplotlib)") from None
+    matplotlib.use("Agg")  # files only; no display on compute nodes
+    import matplotlib.pyplot as plt
+
+    points = report["points"]
+    n = [p["devices"] for p in points]
+    base = points[0]
+    title = (f"{report['plugin']} ({report['preset']}), {report['strategy']}, "
+             f"{report['scaling']}" + (" scaling" if report["scaling"] in ("weak", "strong")
+                                       else ""))
+    ideal_throughput = [base["samples_per_s"] * d / base["devices"] for d in n]
+    ideal_speedup = [d / base["devices"] for d in n]
+    figures = [
+        ("time.png", "epoch time (s, first epoch excluded)", [p["epoch_time_s"] for p in points],
+         None),
+        ("throughput.png", "samples/s", [p["samples_per_s"] for p in points], ideal_throughput),
+        ("speedup.png", f"speedup over {base['devices']} device(s)",
+         [p["speedup"] for p in points], ideal_speedup),
+    ]
+    written = []
+    for name, ylabel, values, ideal in figures:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot(n, values, "o-", label="measured")
+        if ideal:
+            ax.plot(n, ideal, "--", color="grey", label="ideal")
+            ax.legend()
+        ax.set_xlabel("devices (processes)")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(n)
+        ax.set_title(title, fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+    return written
+
+
+def format_table(report: dict[str, Any]) -> str:
+    how = {"strong": "strong scaling (global batch kept)",
+           "weak": "weak scaling (per-replica batch kept)",
+           "mixed": "batch sizes vary (neither weak nor strong scaling)",
+           "single point": "a single run"}[report["scaling"]]
+    lines = [f"{report['plugin']} ({report['preset']}) with {report['strategy']}: {how}",
+             f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'speedup':>8} {'effic.':>7} "
+             f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} {'GPU %':>6}"]
+    for p in report["points"]:
+        mfu_text = f"{p['mfu']:.2%}" if p["mfu"] is not None else "-"
+        rss = f"{p['max_peak_rss_bytes'] / 2**20:.0f}" if p["max_peak_rss_bytes"] else "-"
+        lines.append(f"{p['devices']:>7} {p['epoch_time_s']:>9.2f} {p['samples_per_s']:>10.1f} "
+                     f"{p['speedup']:>8.2f} {p['efficiency']:>7.1%} {mfu_text:>8} "
+                     f"{p['data_wait_fraction']:>9.1%} {rss:>10} {_pct(p['cpu_percent_mean'])} "
+                     f"{_pct(p['device_util_percent_mean'])}")
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:>6.0f}" if value is not None else f"{'-':>6}"

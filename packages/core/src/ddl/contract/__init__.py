@@ -1,0 +1,19 @@
+"""The plugin contract: what a workload or strategy plugin implements and may import.
+
+The lowest layer: it imports nothing else of ddl. Plugin authors import from here
+(``from ddl.contract import Workload, WorkloadSpec, hookimpl``); the names below are the
+whole public interface. The modules: hook specifications (``hookspecs``), the light specs a
+plugin registers (``specs``), the interfaces (``workload``, ``strategy``), who a process is
+(``world``), the plugin manager (``plugins``), errors, and the helpers plugins share
+(``datafiles`` for data-set installs, ``batchnorm``, ``state_names``).
+"""
+
+from ddl.contract.errors import DataError, DataMissing, DdlError, UsageError
+from ddl.contract.hookspecs import hookimpl
+from ddl.contract.specs import Preset, StrategySpec, WorkloadSpec
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
+from ddl.contract.world import World
+
+__all__ = ["DataError", "DataMissing", "DdlError", "Preset", "Strategy", "StrategySpec",
+           "UsageError", "Workload", "WorkloadSpec", "World", "hookimpl"]

@@ -1,0 +1,83 @@
+"""Light descriptions of workloads and strategies, returned by the registration hooks.
+
+Nothing here imports torch. A spec names its implementation by a ``"module:attribute"``
+factory path which is imported only when a run needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddl.contract.errors import DdlError
+
+#: Workload capabilities a strategy can require (parallelism hints, see ddl.contract.workload).
+CAPABILITIES = {
+    "fsdp_units": "names the sub-modules FSDP shards one by one",
+    "tp_plan": "gives a tensor-parallel plan (column-/row-wise layers)",
+    "pipeline_splits": "names the points where the model splits into pipeline stages",
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named size of a workload with its training defaults.
+
+    ``tiny`` is small enough for CPU tests; the default preset is the size the course uses.
+    ``options`` are passed to the workload's factory (model widths, sample limits, ...).
+    """
+
+    name: str
+    summary: str
+    epochs: int
+    batch_size: int  # per replica, as the course runs it on one device
+    lr: float
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def load_factory(path: str | Callable[..., Any]) -> Callable[..., Any]:
+    """Import ``"package.module:attribute"`` (or pass a callable through)."""
+    if callable(path):
+        return path
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, attribute) if attribute else module
+    except (ImportError, AttributeError) as exc:
+        raise DdlError(f"cannot load {path!r}: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What a workload plugin registers."""
+
+    name: str
+    summary: str
+    factory: str | Callable[..., Any]  # called as factory(preset: Preset) -> ddl.contract.workload.Workload
+    presets: Mapping[str, Preset]
+    default_preset: str
+    capabilities: frozenset[str] = frozenset()
+    plugin: str = ""  # filled in by the plugin manager: which plugin registered it
+
+    def create(self, preset: Preset) -> Any:
+        return load_factory(self.factory)(preset)
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What a strategy plugin registers."""
+
+    name: str
+    summary: str
+    factory: str | Callable[..., Any]  # called as factory(options) -> ddl.contract.strategy.Strategy
+    requires: frozenset[str] = frozenset()  # workload capabilities it cannot work without
+    plugin: str = ""
+
+    def supports(self, workload: WorkloadSpec) -> bool:
+        """The light check used for listings; the strategy's own check() decides at run time."""
+        return self.requires <= workload.capabilities
+
+    def create(self, options: Mapping[str, str] | None = None) -> Any:
+        return load_factory(self.factory)(dict(options or {}))

@@ -1,0 +1,137 @@
+"""The workload interface: what a model-and-data plugin implements.
+
+A workload is built by its spec's factory with a :class:`ddl.contract.specs.Preset`. The trainer only
+talks to this interface, so a third-party workload trains under every strategy whose
+requirements it meets.
+
+Batches are ``(inputs, targets)`` pairs as the workload's datasets and default collation give
+them; :meth:`Workload.forward` and :meth:`Workload.to_device` are the places to adapt that.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
+
+    from ddl.contract.specs import Preset
+
+SPLITS = ("train", "val", "test")
+
+
+class Workload(ABC):
+    def __init__(self, preset: Preset) -> None:
+        self.preset = preset
+
+    # --- data -------------------------------------------------------------------------
+    @abstractmethod
+    def check_data(self, data_dir: Path) -> None:
+        """Raise :class:`ddl.contract.errors.DataError` (one line, naming the ``ddl prepare`` command)
+        unless ``data_dir`` holds a complete, readable copy of the data. Runs before any
+        worker starts; keep it cheap."""
+
+    @abstractmethod
+    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
+        """Fetch the official data (login node, network) or, with ``synthetic``, generate a
+        learnable stand-in in the same on-disk format. Safe to re-run."""
+
+    def is_synthetic(self, data_dir: Path) -> bool:
+        """Whether ``data_dir`` holds generated data (recorded in results.json)."""
+        return False
+
+    @abstractmethod
+    def datasets(self, data_dir: Path) -> dict[str, Dataset]:
+        """The ``train``, ``val`` and ``test`` datasets, read from their real format."""
+
+    # --- model, loss, metrics -----------------------------------------------------------
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model (the caller seeds the RNG identically on all ranks)."""
+
+    @abstractmethod
+    def loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """Mean loss over the batch; what the optimizer minimises."""
+
+    @abstractmethod
+    def sample_metrics(self, outputs: Any, targets: Any) -> dict[str, torch.Tensor]:
+        """Per-sample metric values (shape ``[batch]``), including ``loss``. The trainer sums
+        them over all ranks and divides by the sample count, so evaluation is exact for any
+        world size."""
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        return model(inputs)
+
+    def to_device(self, batch: Any, device: torch.device) -> tuple[Any, Any]:
+        inputs, targets = batch
+        return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+    # --- optimisation -------------------------------------------------------------------
+    @abstractmethod
+    def optimizer(self, params: Any, lr: float) -> torch.optim.Optimizer:
+        """The course's optimizer for these parameters at this learning rate."""
+
+    def lr_factor(self, epoch: int) -> float:
+        """Per-epoch learning-rate multiplier (e.g. StepLR's gamma ** epoch); 1 by default."""
+        return 1.0
+
+    # --- measurement and parallelism hints ------------------------------------------------
+    def flops_per_sample(self) -> float | None:
+        """Training FLOPs (forward + backward) per sample, for MFU; None if unknown."""
+        return None
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """Sub-modules FSDP shards as units of their own (ResNet stages, transformer blocks).
+        Declare the ``fsdp_units`` capability in the spec when overriding."""
+        return []
+
+    def tp_plan(self, model: nn.Module) -> dict[str, str]:
+        """Tensor-parallel plan: module path -> ``"colwise"`` or ``"rowwise"`` (Megatron
+        style: column-parallel in, row-parallel out). Capability ``tp_plan``."""
+        return {}
+
+    def prepare_tensor_parallel(self, model: nn.Module, tp_degree: int) -> None:
+        """Adjust attributes that count heads or widths, which become per-rank values once
+        the projections are split over ``tp_degree`` ranks (e.g. an attention module's
+        ``n_heads``). Called before the plan is applied."""
+
+    def pipeline_splits(self, model: nn.Module) -> list[str]:
+        """Names of top-level children where a new pipeline stage may begin, in order.
+        Capability ``pipeline_splits``. The default :meth:`pipeline_stages` needs a model
+        whose forward is its top-level children applied in order (nn.Sequential-like)."""
+        return []
+
+    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
+        """The model cut into ``n_stages`` modules; stage i's output is stage i+1's input,
+        the last stage's output goes to :meth:`loss`. Default: cut the top-level children
+        at ``n_stages - 1`` of the split points, spread evenly. Override for models that
+        are not sequential (e.g. an encoder-decoder)."""
+        from collections import OrderedDict
+
+        from torch import nn
+
+        splits = self.pipeline_splits(model)
+        if n_stages - 1 > len(splits):
+            from ddl.contract.errors import UsageError
+            raise UsageError(f"{n_stages} pipeline stages need {n_stages - 1} split points; "
+                             f"this workload has {len(splits)} ({', '.join(splits) or 'none'})"
+                             f"; allowed: at most {len(splits) + 1} stages")
+        # len(splits) + 1 segments shared out as evenly as the split points allow
+        chosen = {splits[round(i * (len(splits) + 1) / n_stages) - 1]
+                  for i in range(1, n_stages)}
+        stages: list[list[tuple[str, nn.Module]]] = [[]]
+        for name, child in model.named_children():
+            if name in chosen:
+                stages.append([])
+            stages[-1].append((name, child))
+        return [nn.Sequential(OrderedDict(children)) for children in stages]
+
+    def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
+        """Optional extra test metrics computed once after training (e.g. ROUGE on generated
+        summaries). Called on every rank with the evaluation module; return the same dict
+        everywhere (reduce across ranks yourself) or {} to skip."""
+        return {}

@@ -1,0 +1,169 @@
+"""The run configuration: one validated description of a training run.
+
+Values merge in this order, each later source overriding the earlier ones:
+
+1. ddl's built-in defaults (the field defaults below);
+2. the site profile's ``[defaults]`` table;
+3. the workload preset's training defaults (epochs, batch size, learning rate), where the
+   run gives none;
+4. the config file given with ``--config`` (TOML, keys as the flag names with ``_``);
+5. command-line flags.
+
+The merged config is written to ``config.json`` in the run directory; what the worker
+derives from it (per-replica and global batch, scaled learning rate, world size) is recorded
+under ``resolved`` in ``results.json``.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ddl.contract.errors import UsageError
+from ddl.settings.validation import one_line
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plugin: str = Field("mnist", description="workload plugin")
+    strategy: str = Field("ddp", description="parallelism strategy")
+    site: str = Field("auto", description="site profile; 'auto' detects it")
+    launcher: Literal["auto", "local", "srun", "torchrun", "torchrun_jsc"] = Field(
+        "auto", description="'auto': local processes outside Slurm, the site's style inside")
+    preset: str | None = Field(None, description="workload size preset (default: the course's)")
+    nproc: int | None = Field(None, ge=1, description="worker processes per node")
+    epochs: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1, description="samples per replica per step")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="samples per optimizer step over all replicas")
+    strategy_options: dict[str, str] = Field(
+        default_factory=dict, description="strategy-specific settings (KEY=VALUE)")
+    mesh: dict[str, int] = Field(
+        default_factory=dict, description="parallel degrees by name, e.g. {dp: 2, tp: 2}; "
+        "the strategy fills in what is missing from the world size")
+    microbatches: int | None = Field(None, ge=1, description="pipeline microbatches per step")
+    lr: float | None = Field(None, gt=0, allow_inf_nan=False,
+                             description="learning rate before scaling")
+    lr_scaling: Literal["none", "linear"] = Field(
+        "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")
+    warmup_epochs: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                 description="linear learning-rate warm-up")
+    # torch generators take 64-bit seeds; ranks and epochs are added to this one
+    seed: int = Field(1, ge=0, le=2**63 - 1)
+    data_dir: Path | None = None
+    run_dir: Path | None = Field(None, description="default: runs/<plugin>-<strategy>-<time>")
+    workers: int | None = Field(None, ge=0, description="DataLoader workers per process")
+    steps_per_epoch: int | None = Field(None, ge=1, description="cap on training steps per epoch")
+    log_every: int = Field(50, ge=1, description="steps between progress lines")
+    profile: int = Field(0, ge=0, description="training steps traced by torch.profiler on "
+                         "every rank (0 = off; ddl.worker.profiling)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "
+        "scaler) on older GPUs, fp32 on CPU")
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="optimizer steps between checkpoints (default: at the end of "
+        "every epoch only)")
+    keep_checkpoints: int = Field(2, ge=0, description="newest checkpoints kept; 0 = none written")
+    resume: str = Field(
+        "none", min_length=1, description="'auto': continue from this run dir's newest "
+        "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")
+    max_restarts: int = Field(
+        0, ge=0, description="times the launcher restarts failed workers (local and "
+        "torchrun launchers); restarted workers resume from the newest checkpoint")
+    synthetic_if_missing: bool = Field(
+        False, description="generate synthetic data if the site's default data dir is empty")
+    rendezvous_timeout: float = Field(
+        300, ge=1, le=86400, description="seconds all ranks have to meet at "
+        "MASTER_ADDR:MASTER_PORT before the run fails naming the address and how many ranks "
+        "arrived")
+
+    @model_validator(mode="after")
+    def _one_batch_flag(self) -> RunConfig:
+        if self.batch_size is not None and self.global_batch_size is not None:
+            raise ValueError("give --batch-size (per replica) or --global-batch-size, not both")
+        return self
+
+
+@dataclass(frozen=True)
+class Built:
+    config: RunConfig
+    data_dir_is_default: bool  # only then may synthetic data be generated into it
+    site_note: str  # which site, and why (auto-detection says what matched)
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))  # TOML is UTF-8 by definition
+    except FileNotFoundError:
+        raise UsageError(f"--config: file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"--config: {path} is not a readable TOML file: {exc}") from None
+    unknown = sorted(set(data) - set(RunConfig.model_fields))
+    if unknown:
+        raise UsageError(f"{path}: unknown key {unknown[0]!r}; allowed: "
+                         f"{', '.join(sorted(RunConfig.model_fields))}")
+    return data
+
+
+def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
+          plugins=None) -> Built:
+    """Merge site defaults, the config file and flags into a validated RunConfig.
+
+    Preset defaults are applied by the worker, which knows the world size (see
+    :func:`resolve_batch`).
+    """
+    from ddl.settings.sites import detect_site, get_site, resolve_name
+
+    user = {**(file_values or {}), **flags}
+    try:
+        first = RunConfig.model_validate(user)  # validates names and types before lookups
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, RunConfig, where="")) from None
+
+    if first.site == "auto":
+        name, why = detect_site(plugins)
+        site_note = f"site auto -> {name} ({why})"
+        user["site"] = name
+    else:
+        user["site"] = resolve_name(first.site, plugins)  # an alias becomes the profile's name
+        shown = first.site if first.site == user["site"] else f"{first.site} = {user['site']}"
+        site_note = f"site {shown} (given)"
+    site = get_site(user["site"], plugins)
+    merged: dict[str, Any] = site.defaults.model_dump(exclude_none=True)
+    merged.update(user)
+    data_dir_is_default = "data_dir" not in user
+    merged.setdefault("data_dir", "data")
+    try:
+        return Built(RunConfig.model_validate(merged), data_dir_is_default, site_note)
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, RunConfig, where="")) from None
+
+
+def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> tuple[int, int]:
+    """(per-replica batch, global batch) for a data-parallel degree."""
+    if config.global_batch_size is not None:
+        if config.global_batch_size % dp_size:
+            raise UsageError(
+                f"--global-batch-size: {config.global_batch_size} is not divisible by the "
+                f"{dp_size} data-parallel replicas; use a multiple of {dp_size}")
+        return config.global_batch_size // dp_size, config.global_batch_size
+    per_replica = config.batch_size or preset_batch
+    return per_replica, per_replica * dp_size
+
+
+def scaled_lr(config: RunConfig, base_lr: float, global_batch: int, preset_batch: int) -> float:
+    """The linear scaling rule: lr grows with the global batch relative to the course's."""
+    if config.lr_scaling == "linear":
+        return base_lr * global_batch / preset_batch
+    return base_lr

@@ -1,0 +1,246 @@
+"""Checkpoints: save a run's complete training state, resume it, on any number of ranks.
+
+One checkpoint is one directory under ``<run_dir>/checkpoints/``::
+
+    step-00000120/
+        .metadata, __*.distcp   model + optimizer, written by torch.distributed.checkpoint
+                                (DCP): every rank writes its own shards, keyed by the
+                                parameter's name in the *unwrapped* model, so a checkpoint
+                                saved by N ranks under one strategy loads into M ranks (or
+                                another strategy, or one plain process) — DCP reshards.
+        trainer.json            step, epoch, position in the epoch, LR scheduler, world size
+        rng-00000.pt ...        each rank's RNG states (torch.load(weights_only=True))
+    latest                      the name of the newest complete checkpoint
+
+Why this order makes it crash-safe: everything is written into ``.step-N.partial`` (DCP
+fsyncs its files, ddl fsyncs its own), the directory is renamed to ``step-N`` only once
+every rank has finished, and ``latest`` is replaced last. A kill at any moment leaves the
+previous checkpoint and ``latest`` untouched; a leftover ``.partial`` directory is never
+read and is removed by the next save.
+
+Nothing is unpickled: DCP reads tensors, ``trainer.json`` is JSON, RNG files load with
+``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddl.contract.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ddl.contract.world import World
+
+DIR = "checkpoints"
+LATEST = "latest"
+TRAINER = "trainer.json"
+#: For the crash tests only: every rank SIGKILLs itself inside the save of this step, after its
+#: shards are written and before the checkpoint is made visible.
+FAULT_KILL_ENV = "DDL_TEST_KILL_DURING_CHECKPOINT"
+_STEP = re.compile(r"^step-(\d{8})$")
+
+
+@dataclass
+class TrainerState:
+    """Where training stands: the next batch to run is ``position`` of ``epoch``."""
+
+    step: int
+    epoch: int
+    position: int
+    global_batch: int
+    world_size: int
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    plugin: str = ""
+    preset: str = ""
+    strategy: str = ""
+
+
+# --- finding checkpoints ---------------------------------------------------------------
+def _is_complete(path: Path) -> bool:
+    return (path / ".metadata").is_file() and (path / TRAINER).is_file()
+
+
+def latest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None. Trusts ``latest`` when it names a
+    complete checkpoint, else takes the highest complete ``step-*`` (``latest`` is written
+    last, so it can lag one checkpoint behind after a kill)."""
+    root = Path(run_dir) / DIR
+    pointer = root / LATEST
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if _STEP.match(named.name) and _is_complete(named):
+            return named
+    steps = sorted((p for p in root.glob("step-*") if _STEP.match(p.name) and _is_complete(p)),
+                   reverse=True)
+    return steps[0] if steps else None
+
+
+def resolve(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint ``--resume`` asks for: ``none``; ``auto`` = this run's newest, if any;
+    or a path to a checkpoint directory or to a run directory (its newest checkpoint)."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        return latest(run_dir)
+    path = Path(resume)
+    if _is_complete(path):
+        return path
+    found = latest(path) if path.is_dir() else None
+    if found is None:
+        raise UsageError(f"--resume: {resume} is neither a complete checkpoint nor a run "
+                         "directory holding one; allowed: none, auto, or such a path")
+    return found
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    return TrainerState(**json.loads((path / TRAINER).read_text()))
+
+
+# --- names -------------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rng_states() -> dict[str, Any]:
+    import random
+
+    import numpy as np
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state["numpy"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(gauss)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_states(state: dict[str, Any]) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype("uint32"), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: Path, world: World, strategy, model, optimizer, trainer: TrainerState,
+         keep: int) -> Path:
+    """Write one checkpoint (a collective: every rank calls it) and return its path."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    root = Path(run_dir) / DIR
+    name = f"step-{trainer.step:08d}"
+    final = root / name
+    partial = root / f".{name}.partial"
+    if world.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # left by a kill during an earlier save
+        partial.mkdir()
+    dist.barrier()
+
+    dcp.save(strategy.checkpoint_state(model, optimizer), checkpoint_id=partial)
+    buffer = _to_bytes(rng_states())
+    _write_synced(partial / f"rng-{world.rank:05d}.pt", buffer)
+    if world.is_main:
+        _write_synced(partial / TRAINER, json.dumps(asdict(trainer), indent=2).encode())
+    if os.environ.get(FAULT_KILL_ENV) == str(trainer.step):
+        os.kill(os.getpid(), signal.SIGKILL)  # tests: die mid-write, as a node failure would
+    dist.barrier()  # every rank's files are on disk before the checkpoint becomes visible
+
+    if world.is_main:
+        if final.exists():  # the same step saved again (a resumed run): replace it whole
+            shutil.rmtree(final)
+        _fsync_dir(partial)
+        partial.rename(final)
+        tmp = root / f".{LATEST}.tmp"
+        _write_synced(tmp, name.encode())
+        tmp.replace(root / LATEST)
+        _fsync_dir(root)
+        _prune(root, keep)
+    dist.barrier()
+    return final
+
+
+def _to_bytes(obj: Any) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _prune(root: Path, keep: int) -> None:
+    steps = sorted(p for p in root.glob("step-*") if _STEP.match(p.name))
+    for old in steps[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --- loading -----------------------------------------------------------------------------
+def load(path: Path, world: World, strategy, model, optimizer) -> TrainerState:
+    """Load model, optimizer and this rank's RNG states into an already built run."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    state = strategy.checkpoint_state(model, optimizer)
+    try:
+        dcp.load(state, checkpoint_id=path)
+    except Exception as exc:  # DCP gathers every rank's traceback into one exception
+        raise UsageError(f"--resume: {path} does not fit this model and strategy: "
+                         f"{_first_reason(exc)}") from None
+    strategy.load_checkpoint_state(model, optimizer, state)
+    trainer = read_trainer_state(path)
+    rng = path / f"rng-{world.rank:05d}.pt"
+    if trainer.world_size == world.size and rng.is_file():
+        set_rng_states(torch.load(rng, weights_only=True))
+    return trainer
+
+
+def _first_reason(exc: Exception) -> str:
+    found = re.search(r"(Missing key[^\n]*|[Ss]ize mismatch[^\n]*|shape[^\n]*)", str(exc))
+    return found.group(1).rstrip(".") if found else type(exc).__name__
+
+
+def load_model_weights(path: Path, model: torch.nn.Module) -> None:
+    """Fill a plain, unwrapped model (one process, no process group) from a checkpoint,
+    whatever strategy and number of ranks saved it: for inference or export."""
+    import torch.distributed.checkpoint as dcp
+
+    import warnings
+
+    state = {"model": model.state_dict()}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["model"])

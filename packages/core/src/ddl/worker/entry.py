@@ -1,0 +1,156 @@
+"""The one code path every training process runs, however it was started.
+
+A worker gets its run configuration either from ``RUN_DIR/config.json`` (written by a local
+``ddl train`` before it started the workers) or from the ``DDL_RUN_CONFIG`` environment
+variable (set by a per-node launcher in a Slurm job, whose workers start on several nodes at
+once; rank 0 then creates the run directory). It joins the process group the launcher
+described in the environment, and trains.
+
+Started as ``python -m ddl.worker [RUN_DIR]`` by the local elastic agent or torchrun, or
+called in-process by ``ddl train`` under srun.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ddl.settings import rundir
+from ddl.contract.errors import DdlError, UsageError
+
+CONFIG_ENV = "DDL_RUN_CONFIG"
+PER_NODE_ENV = "DDL_LAUNCHED_PER_NODE"  # set by a per-node launcher: workers bind their CPUs
+
+
+def _create_run_dir_on_rank0(config, world) -> None:
+    """Rank 0 creates the run directory; every rank learns whether that worked, so a refusal
+    stops all ranks with the same message instead of leaving them waiting."""
+    import torch.distributed as dist
+
+    problem = None
+    if world.is_main:
+        try:
+            rundir.create(config.run_dir, config.resume)
+            rundir.write_json(config.run_dir / rundir.CONFIG, config.model_dump(mode="json"))
+        except UsageError as exc:
+            problem = str(exc)
+    if world.size > 1:
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem:
+        raise UsageError(problem)
+
+
+def run(config, *, create_run_dir: bool) -> None:
+    from ddl.worker.checkpoint import latest
+    from ddl.worker.distributed import close_world, init_world
+    from ddl.contract.plugins import Plugins
+    from ddl.settings.sites import get_site
+    from ddl.worker.trainer import train
+
+    restarts = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                   int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+    if restarts and config.resume != "auto" and (
+            config.resume == "none" or latest(Path(config.run_dir)) is not None):
+        # Restarted by the launcher or requeued by Slurm: continue from the newest
+        # checkpoint of this run (not from where it first started, nor from scratch).
+        config = config.model_copy(update={"resume": "auto"})
+    plugins = Plugins()
+    site = get_site(config.site, plugins)
+    bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
+                     os.environ.get(PER_NODE_ENV) == "1")
+    world = init_world(config.device, site.accelerator, site.backend,
+                       rendezvous_timeout_s=config.rendezvous_timeout)
+    try:
+        if create_run_dir:
+            _create_run_dir_on_rank0(config, world)
+        train(config, world, plugins, Path(config.run_dir))
+    finally:
+        close_world()
+
+
+def load_config(args: list[str]):
+    from ddl.settings.config import RunConfig
+
+    if os.environ.get(CONFIG_ENV):
+        return RunConfig.model_validate_json(os.environ[CONFIG_ENV]), True
+    if len(args) != 1:
+        raise UsageError(f"usage: python -m ddl.worker RUN_DIR (or set {CONFIG_ENV})")
+    config = RunConfig.model_validate_json((Path(args[0]) / rundir.CONFIG).read_text())
+    return config, False
+
+
+def exit_now(code: int) -> None:
+    """Leave without the interpreter's teardown. Results are written and the process group
+    is destroyed by now; seen on the local Slurm: a gloo rank occasionally aborted during
+    teardown ("terminate called without an active exception", exit 134) after a complete
+    run, failing a finished job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _lost_peer(exc: Exception) -> bool:
+    text = str(exc)
+    return any(marker in text for marker in ("Connection reset by peer",
+                                             "Connection closed by peer", "Broken pipe"))
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        config, create = load_config(args)
+        run(config, create_run_dir=create)
+    except UsageError as exc:
+        if rank == 0:  # the same on every rank; say it once
+            print(f"ddl: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    except RuntimeError as exc:
+        if not _lost_peer(exc):
+            raise
+        # Another rank died (its own message, if any, says why); no need for a traceback.
+        print(f"ddl: error on rank {rank}: lost contact with another rank "
+              f"({_first_line(exc)})", file=sys.stderr, flush=True)
+        return 1
+    except DdlError as exc:
+        if getattr(exc, "once", False):
+            # Every rank knows it and rank 0 has said it; leave at once, without the
+            # teardown during which the launcher's SIGTERM to slower ranks adds noise.
+            exit_now(exc.exit_code)
+        print(f"ddl: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> None:
+    """Under a per-node launcher srun bound only the launcher: pin this worker to the cores
+    next to its GPU (LUMI: GCD -> cores map)."""
+    cores = site.cpu_binding.worker_cores
+    if not (launched_per_node and cores):
+        return
+    if local_rank >= len(cores):
+        raise DdlError(f"site {site.name} lists CPU cores for {len(cores)} devices, but this "
+                       f"is local rank {local_rank}")
+    os.sched_setaffinity(0, cores[local_rank])
+
+
+def start() -> None:
+    """Run as a process's main program (``python -m ddl.worker``) and exit with its code."""
+    code = main()
+    if code == 0:
+        exit_now(0)
+    # On failure keep the normal exit: rank 0 prints the one-line error, and the slower
+    # teardown keeps it alive long enough when other ranks fail first and the agent
+    # starts stopping the rest.
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    start()

@@ -1,0 +1,52 @@
+"""The core's layers hold: commands > launch > worker > settings > contract, each importing
+only those below it. Checked with the real import-linter against pyproject.toml's contract,
+and shown able to fail: a copy of the core with one planted upward import is refused."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+CORE = REPO / "packages" / "core" / "src" / "ddl"
+LINT = str(Path(sys.executable).with_name("lint-imports"))
+
+
+def _lint(cwd: Path, source_root: Path) -> subprocess.CompletedProcess:
+    # lint-imports reads the contract from ./pyproject.toml and finds `ddl` on sys.path.
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(source_root)}
+    return subprocess.run([LINT, "--no-cache"], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_layer_contract_is_kept():
+    proc = _lint(REPO, CORE.parent)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 kept, 0 broken" in proc.stdout
+
+
+@pytest.mark.parametrize("module, upward", [
+    ("contract/errors.py", "from ddl.settings import sites"),
+    ("settings/config.py", "from ddl.worker import trainer"),
+    ("worker/trainer.py", "from ddl.launch import slurm"),
+    ("launch/submit.py", "from ddl.commands import cli"),
+])
+def test_a_planted_upward_import_breaks_the_contract(tmp_path, module, upward):
+    copy = tmp_path / "src" / "ddl"
+    shutil.copytree(CORE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / module
+    # At the end, inside a function: import-linter sees every import, not just top-level ones.
+    target.write_text(target.read_text() + f"\n\ndef _planted():\n    {upward}\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    proc = _lint(tmp_path, tmp_path / "src")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "BROKEN" in proc.stdout and "0 kept, 1 broken" in proc.stdout
+    planted = "ddl." + module.removesuffix(".py").replace("/", ".")
+    assert planted in proc.stdout, proc.stdout
