@@ -86,7 +86,7 @@ def _parser_section(parser: argparse.ArgumentParser, words: list[str], out: list
 
 
 def cli_page() -> str:
-    from ddl.commands.cli import make_parser
+    from ddl.commands.parser import make_parser
 
     out = [HEADER + "# Command line reference\n",
            "Every command and flag of `ddl`, generated from its parser. Defaults shown as "

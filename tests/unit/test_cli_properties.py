@@ -34,7 +34,8 @@ from hypothesis import (HealthCheck, currently_in_test_context, event, example, 
                         settings)
 from hypothesis import strategies as st
 
-from ddl.commands.cli import main, make_parser
+from ddl.commands.cli import main
+from ddl.commands.parser import make_parser
 from ddl.settings.config import RunConfig
 from ddl.contract.plugins import Plugins
 from ddl.settings.sites import SITE_PATH_ENV, known_sites

@@ -35,18 +35,18 @@ def test_reference_pages_are_current():
 
 
 def test_a_new_flag_or_profile_key_makes_them_stale(monkeypatch):
-    import ddl.commands.cli
+    import ddl.commands.parser
     import ddl.settings.sites
 
     gen = _generator()
-    make_parser = ddl.commands.cli.make_parser
+    make_parser = ddl.commands.parser.make_parser
 
     def with_extra_flag():
         parser = make_parser()
         parser.add_argument("--brand-new-flag", help="not in the committed page")
         return parser
 
-    monkeypatch.setattr(ddl.commands.cli, "make_parser", with_extra_flag)
+    monkeypatch.setattr(ddl.commands.parser, "make_parser", with_extra_flag)
     assert "--brand-new-flag" in gen.cli_page()
     assert gen.CLI_PAGE in gen.stale_pages()
 

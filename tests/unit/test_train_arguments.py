@@ -3,7 +3,9 @@ or of a scaling point (`ddl scale`): the job parses what the user gave, paths ab
 
 import pytest
 
-from ddl.commands.cli import main, make_parser, train_arguments
+from ddl.commands.cli import main
+from ddl.commands.flags import train_arguments
+from ddl.commands.parser import make_parser
 
 pytestmark = pytest.mark.unit
 

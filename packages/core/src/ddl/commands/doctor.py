@@ -8,16 +8,15 @@ torch (``apptainer run IMAGE doctor --site SITE``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ddl.launch import container_inside
-
-from ddl.launch import environment
 from ddl.contract.errors import DdlError
+from ddl.launch import container_inside, environment
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
 
@@ -192,3 +191,7 @@ def run_checks(site_name: str, data_dir: Path | None) -> int:
         failed += status == FAIL
         print(f"{status:<5}{name}: {detail}")
     return 1 if failed else 0
+
+
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    return run_checks(ns.site, ns.data_dir)

@@ -14,13 +14,14 @@ No torch here; matplotlib is imported only to draw.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 from pathlib import Path
 from typing import Any
 
-from ddl.worker import mfu
 from ddl.contract.errors import DdlError, UsageError
+from ddl.worker import mfu
 
 CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "speedup", "efficiency",
               "mfu", "batch_per_replica", "batch_global", "data_wait_s", "data_wait_fraction",
@@ -203,3 +204,17 @@ def format_table(report: dict[str, Any]) -> str:
 
 def _pct(value: float | None) -> str:
     return f"{value:>6.0f}" if value is not None else f"{'-':>6}"
+
+
+def cmd_report(ns: argparse.Namespace) -> int:
+    import os
+
+    from ddl.commands import scaling
+
+    runs = expand(ns.run_dirs)
+    built = build(runs, scaling.parse_peak(ns.peak_flops))
+    out = ns.output or Path(os.path.commonpath([str(Path(d).resolve().parent) for d in runs]))
+    print(format_table(built))
+    for path in write(built, out):
+        print(f"  {path}")
+    return 0

@@ -14,12 +14,14 @@ the smallest point's replicas, so the smallest point trains exactly the preset's
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ddl.commands.flags import train_arguments
 from ddl.contract.errors import DdlError, UsageError
 
 # scale's own flags, not forwarded to the runs
@@ -88,8 +90,8 @@ def batch_flag(flags: dict[str, Any], scaling: str, smallest_replicas: int) -> s
 
 
 def _preset_batch(flags: dict[str, Any]) -> int:
-    from ddl.settings import config as cfg
     from ddl.contract.plugins import Plugins
+    from ddl.settings import config as cfg
 
     plugins = Plugins()
     file_values = cfg.load_config_file(flags["config"]) if "config" in flags else {}
@@ -144,4 +146,30 @@ def submit_slurm(points: list[int], train_args: list[str], out: Path,
                      f"--output-dir={out.resolve()}"])
         if code != 0:
             return code
+    return 0
+
+
+def cmd_scale(ns: argparse.Namespace) -> int:
+    from ddl.commands import report
+    
+    flags = {k: v for k, v in vars(ns).items() if v is not None}
+    check_mode(flags)
+    points = parse_points(ns.nprocs or ns.nodes, "--nprocs" if ns.nprocs else "--nodes")
+    peak = parse_peak(ns.peak_flops)
+    out = output_dir(ns.output, flags)
+    train_args = [*train_arguments(flags, leave_out=OWN),
+                  batch_flag(flags, ns.scaling, points[0] if ns.nprocs else 1)]
+    if ns.nodes:
+        submit_args = [f"--{k.replace('_', '-')}={flags[k]}" for k in
+                       ("account", "partition", "time") if k in flags]
+        code = submit_slurm(points, train_args, out,
+                                    submit_args + (["--dry-run"] if ns.dry_run else []))
+        if code == 0 and not ns.dry_run:
+            print(f"ddl scale: when the jobs have finished: ddl report {out}")
+        return code
+    runs = run_local(points, train_args, out)
+    built = report.build(runs, peak)
+    print(report.format_table(built))
+    for path in report.write(built, out):
+        print(f"  {path}")
     return 0

@@ -1,0 +1,38 @@
+"""Parsed ``ddl train`` flags, as a dict for the run configuration and back as ``--key=value``
+arguments for a ``ddl train`` that starts elsewhere (a batch job, a point of ``ddl scale``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+from ddl.commands.parser import SUBMIT_ONLY
+
+
+def train_flags(ns: argparse.Namespace) -> dict[str, Any]:
+    skip = ("command", "config", "synthetic", *SUBMIT_ONLY)
+    flags = {k: v for k, v in vars(ns).items() if k not in skip}
+    if "strategy_options" in flags:
+        flags["strategy_options"] = dict(flags["strategy_options"])
+    return flags
+
+
+def train_arguments(flags: dict[str, Any], leave_out: Collection[str] = ()) -> list[str]:
+    """Parsed train flags written back as ``--key=value`` for a ``ddl train`` that starts
+    elsewhere (a batch job, a point of ``ddl scale``): paths are made absolute because
+    that run may start in another directory."""
+    args = []
+    for key, value in flags.items():
+        if key in leave_out:
+            continue
+        if key == "strategy_options":  # a dict, or the (key, value) pairs argparse made
+            args += [f"--strategy-option={k}={v}" for k, v in dict(value).items()]
+            continue
+        if key == "mesh":
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        if isinstance(value, Path):
+            value = value.resolve()
+        args.append(f"--{key.replace('_', '-')}={value}")
+    return args

@@ -1,0 +1,237 @@
+"""The ``ddl`` argument parser: every command and flag, with help texts (docs/reference/cli.md
+is generated from it). No torch: ``ddl --help`` must answer at once."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ddl import __version__
+from ddl.contract.errors import UsageError
+
+DESCRIPTION = """\
+ddl trains deep-learning models on many processes, GPUs and nodes with the same command
+on a laptop, a CI machine or a supercomputer. Without arguments, `ddl train` trains the
+MNIST CNN with DDP on 2 local CPU processes (generating synthetic MNIST on first use)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (argparse prints usage plus the error)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _mesh(text: str) -> dict[str, int]:
+    mesh: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            raise argparse.ArgumentTypeError(f"{part!r} is not DIM=N with N >= 1 "
+                                             "(e.g. dp=2,tp=2)")
+        mesh[name] = int(size)
+    return mesh
+
+
+def _train_flags(p: argparse.ArgumentParser) -> None:
+    S = argparse.SUPPRESS  # only flags actually given override the config file and site
+    p.add_argument("--config", type=Path, default=S, help="TOML file of run settings")
+    p.add_argument("--plugin", default=S, help="workload plugin (default: mnist)")
+    p.add_argument("--strategy", default=S, help="parallelism strategy (default: ddp)")
+    p.add_argument("--site", default=S, help="site profile (default: local)")
+    p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
+    p.add_argument("--mesh", type=_mesh, default=S, metavar="DIM=N,...",
+                   help="parallel degrees: dp=2,tp=2 (fsdp+tp) or dp=2,pp=2 (pp)")
+    p.add_argument("--microbatches", type=int, default=S,
+                   help="pipeline microbatches per step (pp; default: 2 x stages)")
+    p.add_argument("--strategy-option", dest="strategy_options", action="append",
+                   type=_key_value, default=S, metavar="KEY=VALUE",
+                   help="strategy setting, repeatable (see `ddl plugins`)")
+    p.add_argument("--nproc", type=int, default=S,
+                   help="local worker processes (default: the site's, 2 on `local`)")
+    p.add_argument("--epochs", type=int, default=S, help="default: the preset's")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size", type=int, default=S,
+                       help="samples per replica per step (default: the preset's)")
+    batch.add_argument("--global-batch-size", type=int, default=S,
+                       help="samples per optimizer step over all replicas; keeps runs with "
+                            "different layouts comparable")
+    p.add_argument("--lr", type=float, default=S, help="learning rate (default: the preset's)")
+    p.add_argument("--lr-scaling", choices=["none", "linear"], default=S,
+                   help="linear: lr x global batch / preset batch (default: none)")
+    p.add_argument("--warmup-epochs", type=float, default=S,
+                   help="linear learning-rate warm-up length (default: 0)")
+    p.add_argument("--seed", type=int, default=S, help="default: 1, as in the courses")
+    p.add_argument("--data-dir", type=Path, default=S, help="default: the site's (./data)")
+    p.add_argument("--run-dir", type=Path, default=S,
+                   help="where results go (default: runs/<plugin>-<strategy>-<time>)")
+    p.add_argument("--workers", type=int, default=S, help="DataLoader workers per process")
+    p.add_argument("--steps-per-epoch", type=int, default=S,
+                   help="cap on training steps per epoch (quick checks)")
+    p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
+    p.add_argument("--profile", type=int, nargs="?", const=5, default=S, metavar="STEPS",
+                   help="trace STEPS training steps per rank with torch.profiler (default "
+                        "5, after 2 skipped): trace-rank<r>.json + a summary in results.json")
+    p.add_argument("--checkpoint-every", type=int, default=S, metavar="STEPS",
+                   help="optimizer steps between checkpoints (default: every epoch's end)")
+    p.add_argument("--keep-checkpoints", type=int, default=S, metavar="K",
+                   help="newest checkpoints kept (default: 2; 0 = none)")
+    p.add_argument("--max-restarts", type=int, default=S, metavar="N",
+                   help="restart failed workers up to N times, resuming from the newest "
+                        "checkpoint (local and torchrun launchers; default: 0)")
+    p.add_argument("--resume", default=S, metavar="auto|none|PATH",
+                   help="auto: continue the run dir's newest checkpoint if any; PATH: start "
+                        "from a checkpoint or run directory (any world size/strategy)")
+    p.add_argument("--rendezvous-timeout", type=float, default=S, metavar="SECONDS",
+                   help="how long ranks wait for each other at start-up before the run "
+                        "fails naming the address and the ranks that arrived (default: 300)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=S,
+                   help="default: auto (the site's accelerator)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=S,
+                   help="auto: bf16 on GPUs that have it, fp16 with loss scaling on older "
+                        "GPUs, fp32 on CPU")
+    p.add_argument("--launcher", choices=["auto", "local", "srun", "torchrun", "torchrun_jsc"],
+                   default=S, help="how workers start (default: auto: local processes "
+                   "outside Slurm, the site's style inside a job)")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ddl", description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ddl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    train = sub.add_parser("train", help="train a workload with a strategy")
+    _train_flags(train)
+
+    prepare = sub.add_parser("prepare", help="download a dataset (login node) or generate a "
+                                             "synthetic one in the same format")
+    prepare.add_argument("--plugin", default=argparse.SUPPRESS, help="workload (default: mnist)")
+    prepare.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
+                         help="default: the site's (./data)")
+    prepare.add_argument("--site", default=argparse.SUPPRESS, help="default: local")
+    prepare.add_argument("--synthetic", action="store_true",
+                         help="generate learnable synthetic data in the official format "
+                              "(offline machines, CI); marked as synthetic")
+
+    submit = sub.add_parser("submit", help="render the run as an sbatch script for a site "
+                                            "and submit it (or print it with --dry-run)")
+    _train_flags(submit)
+    submit.add_argument("--nodes", type=int, default=1, help="default: 1")
+    submit.add_argument("--account", help="Slurm account / project")
+    submit.add_argument("--partition", help="default: the site's default partition")
+    submit.add_argument("--time", help="wall-clock limit (default: 01:00:00)")
+    submit.add_argument("--gpus-per-node", type=int, help="default: all of the partition's")
+    submit.add_argument("--job-name", help="default: ddl-<plugin>-<strategy>")
+    submit.add_argument("--output-dir", type=Path, default=Path("runs"),
+                        help="job log and run directory go here (default: ./runs)")
+    submit.add_argument("--container", nargs="?", const="", metavar="IMAGE",
+                        help="run ddl in this Apptainer/Singularity image (alone: the site "
+                             "profile's container.image)")
+    submit.add_argument("--ddl-command", help="ddl as the job should call it (default: this "
+                                              "installation's ddl)")
+    submit.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                        help="extra #SBATCH option, e.g. --sbatch=--qos=debug (repeatable)")
+    submit.add_argument("--setup", action="append", default=[], metavar="LINE",
+                        help="a shell line the job runs before the launch, after the site's "
+                             "setup, e.g. --setup 'source /p/project1/x/activate.sh' "
+                             "(repeatable). Your own shell: written as given, NOT quoted; "
+                             "one line each, checked with bash -n")
+    submit.add_argument("--stop-margin", type=int, default=300, metavar="SECONDS",
+                        help="before the time limit: checkpoint, stop and requeue the job "
+                             "this many seconds early (default: 300; 0 = off)")
+    submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+
+    _container_parser(sub)
+    _measure_parsers(sub)
+
+    sub.add_parser("plugins", help="list installed workloads and strategies")
+    sites = sub.add_parser("sites", help="list known site profiles (name, short names, "
+                           "description, file); `sites show NAME` prints one")
+    sites.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    sites.add_argument("name", nargs="?", help="profile to show")
+    doctor = sub.add_parser("doctor", help="check this node for what a job needs")
+    doctor.add_argument("--site", default="auto", help="default: auto")
+    doctor.add_argument("--data-dir", type=Path, help="data directory to check")
+    return parser
+
+
+def _measure_parsers(sub) -> None:
+    scale = sub.add_parser("scale", help="a scaling study: one run per point (--nprocs "
+                                          "locally, --nodes as Slurm jobs), then its report")
+    _train_flags(scale)
+    scale.add_argument("--nprocs", help="local points, e.g. 1,2,4 (processes)")
+    scale.add_argument("--nodes", help="Slurm points, e.g. 1,2,4 (nodes; with --site)")
+    scale.add_argument("--scaling", choices=["weak", "strong"], default="weak",
+                       help="weak: keep the batch per replica; strong: keep the global "
+                            "batch (default: weak)")
+    scale.add_argument("--output", type=Path, help="study directory (default: "
+                                                   "runs/scale-<plugin>-<strategy>-<time>)")
+    scale.add_argument("--peak-flops", metavar="FLOPS|measure",
+                       help="device peak for MFU instead of the site profile's; 'measure': "
+                            "a one-thread matmul on this CPU")
+    for flag in ("--account", "--partition", "--time"):
+        scale.add_argument(flag, help=f"Slurm points: as `ddl submit {flag}`")
+    scale.add_argument("--dry-run", action="store_true", help="Slurm points: print the "
+                                                               "scripts, submit nothing")
+    report = sub.add_parser("report", help="scaling table, JSON, CSV and plots from "
+                                           "finished runs")
+    report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="finished runs, or a directory of them (a `ddl scale` output)")
+    report.add_argument("--output", type=Path, help="default: the runs' common parent")
+    report.add_argument("--peak-flops", metavar="FLOPS|measure",
+                        help="device peak for MFU instead of the one in results.json")
+
+
+def _container_parser(sub) -> None:
+    container = sub.add_parser("container", help="build an Apptainer image of ddl, or check "
+                                                  "a definition file first")
+    actions = container.add_subparsers(dest="action", metavar="ACTION", required=True,
+                                       parser_class=_Parser)
+    build = actions.add_parser("build", help="apptainer (or singularity) build of "
+                                             "containers/<target>.def")
+    check = actions.add_parser("check", help="check a definition file before a long build")
+    for p in (build, check):
+        p.add_argument("--target", choices=["cpu", "cuda", "rocm"], default="cpu",
+                       help="which definition in containers/ (default: cpu)")
+        p.add_argument("--def", dest="definition", type=Path, metavar="PATH",
+                       help="a definition file instead of the target's")
+        p.add_argument("--base", help="base image: an existing local image or directory "
+                                      "(Bootstrap: localimage), or docker://REF, library://, "
+                                      "oras://, shub:// (default: the definition's)")
+        p.add_argument("--wheelhouse", type=Path, default=Path("wheelhouse"),
+                       help="ddl's wheels from scripts/build-wheelhouse.sh (default: "
+                            "./wheelhouse)")
+        p.add_argument("--offline", action="store_true",
+                       help="install only from the wheelhouse, never from a package index")
+        p.add_argument("--build-arg", dest="build_args", action="append", type=_key_value,
+                       default=[], metavar="KEY=VALUE",
+                       help="a build argument of the definition (repeatable)")
+    build.add_argument("--output", type=Path,
+                       help="image file (default: containers/ddl.sif of the ddl checkout, "
+                            "else ./ddl.sif)")
+    build.add_argument("--runtime", choices=["apptainer", "singularity"],
+                       help="default: apptainer if on PATH, else singularity")
+    build.add_argument("--force", action="store_true", help="replace an existing image")
+    build.add_argument("--no-compress", action="store_true",
+                       help="uncompressed squashfs: much faster on few cores, larger image")
+    build.add_argument("--fakeroot", action="store_true",
+                       help="pass --fakeroot (unprivileged builds where the site requires it)")
+    build.add_argument("--no-check", action="store_true",
+                       help="skip ddl's check; the runtime's own parser still runs")
+    build.add_argument("--no-test", action="store_true",
+                       help="skip the image's %%test at the end of the build (--notest)")
+    build.add_argument("--dry-run", action="store_true",
+                       help="check and print the build command, build nothing")
+
+
+SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
+               "output_dir", "container", "ddl_command", "sbatch", "dry_run", "stop_margin",
+               "setup")

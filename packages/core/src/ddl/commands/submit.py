@@ -1,0 +1,104 @@
+"""``ddl submit``: the run as the site's sbatch script (ddl.launch.submit renders it), printed
+with --dry-run or handed to sbatch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ddl.commands.flags import train_arguments, train_flags
+from ddl.contract.errors import UsageError
+
+
+def cmd_submit(ns: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from ddl.contract.plugins import Plugins
+    from ddl.launch.container_launch import check_target, image_for
+    from ddl.launch.submit import SubmitRequest, check_syntax, render, sbatch
+    from ddl.settings import config as cfg
+    from ddl.settings.sites import get_site
+
+    plugins = Plugins()
+    flags = train_flags(ns)
+    file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
+    built = cfg.build(flags, file_values, plugins)  # validates everything the job will get
+    config = built.config
+    plugins.workload(config.plugin)
+    plugins.strategy(config.strategy)
+    site = get_site(config.site, plugins)
+    if ns.nodes < 1:
+        raise UsageError(f"--nodes: must be at least 1 (got {ns.nodes})")
+    if ns.gpus_per_node is not None and ns.gpus_per_node < 0:
+        raise UsageError(f"--gpus-per-node: must be 0 or more (got {ns.gpus_per_node})")
+    launcher = config.launcher if config.launcher not in ("auto", "local") else site.launcher
+    if launcher == "local":
+        raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
+                         + ", ".join(n for n in _slurm_sites(plugins)))
+    # The job gets the user's own flags (site, launcher, nproc, run dir are set by ddl).
+    given = {"config": ns.config, **flags} if "config" in ns else flags
+    forwarded = train_arguments(given, leave_out=("site", "launcher", "nproc", "run_dir"))
+    output_dir = ns.output_dir.resolve()
+    image = _image(ns.container, ns.dry_run)
+    if image is not None:
+        image = image_for(site, image)
+    request = SubmitRequest(
+        nodes=ns.nodes, launcher=launcher, train_args=forwarded, plugin=config.plugin,
+        strategy=config.strategy, output_dir=output_dir, account=ns.account,
+        partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
+        job_name=ns.job_name, run_dir=config.run_dir.resolve() if config.run_dir else None,
+        ddl_command=ns.ddl_command or _this_ddl(), container=image,
+        extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin, setup=ns.setup,
+        data_dir=Path(config.data_dir).resolve() if config.data_dir else None)
+    script = render(site, request)
+    check_syntax(script, site)
+    if image is not None:  # the slow part (the runtime reads the image) comes last
+        note = check_target(site, image, config.device)
+        if note:
+            print(f"ddl: note: {note}", file=sys.stderr)
+    if ns.dry_run:
+        print(script, end="")
+        return 0
+    output_dir.mkdir(parents=True, exist_ok=True)  # sbatch does not create the log's folder
+    import tempfile
+
+    fd, name = tempfile.mkstemp(dir=output_dir, suffix=".sbatch",
+                                prefix=f"{config.plugin}-{config.strategy}-"
+                                       f"{time.strftime('%Y%m%d-%H%M%S')}-")
+    with os.fdopen(fd, "w") as f:  # a unique name: two submits in one second keep both
+        f.write(script)
+    path = Path(name)
+    job_id = sbatch(path)
+    job_name = ns.job_name or f"ddl-{config.plugin}-{config.strategy}"
+    run_dir = config.run_dir or output_dir / f"{config.plugin}-{config.strategy}-{job_id}"
+    print(f"ddl: submitted job {job_id} to {site.name} ({ns.nodes} node(s))")
+    print(f"  script:  {path}")
+    print(f"  log:     {output_dir / f'{job_name}-{job_id}.out'}")
+    print(f"  results: {Path(run_dir) / 'results.json'}")
+    return 0
+
+
+def _image(given: str | None, dry_run: bool) -> str | None:
+    """An image on this machine goes into the script as an absolute path (the job may
+    start elsewhere); one that is not here is refused unless only printing."""
+    if not given or "://" in given:
+        return given
+    if Path(given).exists():
+        return str(Path(given).resolve())
+    if not dry_run:
+        raise UsageError(f"--container: {given} does not exist; give the path of a built "
+                         "image (`ddl container build`)")
+    return given
+
+
+def _this_ddl() -> str:
+    candidate = Path(sys.executable).with_name("ddl")
+    return str(candidate) if candidate.exists() else "ddl"
+
+
+def _slurm_sites(plugins) -> list[str]:
+    from ddl.settings.sites import known_sites, load_profile
+
+    return [n for n, p in known_sites(plugins).items() if load_profile(p).uses_slurm]
