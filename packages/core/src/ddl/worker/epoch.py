@@ -1,0 +1,115 @@
+"""One epoch: its optimizer steps, then validation and the epoch's record.
+
+``train_epoch`` runs the steps from batch ``position`` (non-zero when resuming inside an
+epoch): each step goes through the strategy, which knows how its parallelism runs forward,
+backward and the optimizer. Between steps it logs, writes the ``--checkpoint-every``
+checkpoints and asks the step guard whether to stop (a signal, a stop file, a non-finite
+loss); a stop leaves a checkpoint to resume from. ``validate`` evaluates the epoch's model
+and writes its record to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ddl.settings import rundir
+from ddl.worker import checkpoint
+from ddl.worker.control import StepGuard
+from ddl.worker.evaluation import evaluate, fmt
+from ddl.worker.metrics import MetricSums
+from ddl.worker.profiling import StepProfiler
+from ddl.worker.setup import Run
+
+
+@dataclass
+class Trained:
+    """What an epoch's steps measured; ``stop`` names why training stopped early, if it did
+    (then nothing else is filled in)."""
+
+    stop: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # averaged over all ranks
+    seconds: float = 0.0
+    data_wait: float = 0.0  # seconds this rank waited for its batches
+
+
+def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
+                profiler: StepProfiler) -> Trained:
+    layout, world, workload, model = run.layout, run.world, run.workload, run.model
+    loader = run.train_loader
+    loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+    loader.sampler.start = position * layout.batch_per_replica
+    model.train()
+    sums = MetricSums(world.device)
+    data_wait = 0.0
+    _sync(world.device)
+    t0 = time.perf_counter()
+    batches = iter(loader)
+    for i in range(position, layout.steps_per_epoch):
+        t_fetch = time.perf_counter()
+        batch = workload.to_device(next(batches), world.device)
+        data_wait += time.perf_counter() - t_fetch
+        loss, outputs = run.strategy.train_step(model, batch, workload, run.optimizer,
+                                                run.precision)
+        run.scheduler.step()
+        profiler.step()
+        run.step += 1
+        if outputs is not None:  # a pipeline rank without the last stage has none
+            with torch.no_grad():
+                sums.add(workload.sample_metrics(outputs, batch[1]))
+        if world.is_main and (i + 1) % run.config.log_every == 0:
+            print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
+                  f"loss {loss.item():.4f} (rank 0)", flush=True)
+        done = i + 1  # batches of this epoch behind us
+        saved = False
+        if (run.config.checkpoint_every and run.step % run.config.checkpoint_every == 0
+                and done < layout.steps_per_epoch):
+            run.save_checkpoint(epoch, done)
+            saved = True
+        stop = guard.after_step(loss, run.step, epoch, done,
+                                lambda: checkpoint.latest(run.run_dir))
+        if stop:
+            if not saved:  # resume where we stopped (the next epoch if this one is done)
+                run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
+                                      else (epoch + 1, 0)))
+            return Trained(stop=stop)
+    _sync(world.device)
+    seconds = time.perf_counter() - t0
+    return Trained(metrics=sums.reduce(world), seconds=seconds, data_wait=data_wait)
+
+
+def validate(run: Run, epoch: int, position: int, trained: Trained,
+             warmup: bool) -> dict[str, Any]:
+    """Evaluate on the validation split; log, record (metrics.jsonl) and return the epoch.
+    ``warmup`` marks the first epoch of this run: its one-off costs keep it out of the
+    summary."""
+    layout, world = run.layout, run.world
+    t_eval = time.perf_counter()
+    run.model.eval()
+    val = evaluate(run.eval_step, run.val_loader, run.workload, world)
+    seconds = trained.seconds
+    samples = (layout.steps_per_epoch - position) * layout.global_batch
+    record = {"epoch": epoch, "warmup": warmup, "time_s": seconds,
+              "samples": samples, "samples_per_s": samples / seconds,
+              "data_wait_s": trained.data_wait,
+              "data_wait_per_step_s": trained.data_wait / layout.steps_per_epoch,
+              "eval_time_s": time.perf_counter() - t_eval,
+              "lr": run.optimizer.param_groups[0]["lr"], "train": trained.metrics,
+              "val": val}
+    if position:
+        record["resumed_at_step"] = position  # a partial epoch: times cover the rest
+    run.say(f"epoch {epoch}/{layout.epochs}  train {fmt(trained.metrics)} | val "
+            f"{fmt(val)} | {seconds:.1f} s, {samples / seconds:.0f} samples/s"
+            + (" (warm-up, excluded from the summary)" if warmup else ""))
+    if world.is_main:
+        rundir.append_jsonl(run.run_dir / rundir.METRICS, record)
+    return record
+
+
+def _sync(device: torch.device) -> None:
+    # CUDA runs asynchronously: wait for the device so the epoch's clock covers its work
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

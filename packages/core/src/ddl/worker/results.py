@@ -1,0 +1,103 @@
+"""results.json: one run's configuration, measurements and outcome in one document.
+
+``assemble`` is a function of what the trainer measured and gathered (it runs no collective
+and touches no model), so every field's source is visible in its argument list. The fields
+and their meanings are documented in docs/results.md; tools (``ddl report``, the scaling
+plots) read them, so a change here is a change of a public format.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ddl.contract.plugins import Plugins
+from ddl.contract.workload import Workload
+from ddl.contract.world import World
+from ddl.settings import rundir
+from ddl.settings.config import RunConfig
+from ddl.worker import mfu
+from ddl.worker.checkpoint import TrainerState
+from ddl.worker.setup import Layout
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
+
+
+def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Workload,
+             layout: Layout, data_dir: Path, precision: str, loader_workers: int,
+             parameters: int, epochs: list[dict[str, Any]], val: dict[str, float],
+             test: dict[str, float], started: float, finished: float,
+             memory: list[dict[str, Any]], latest_checkpoint: Path | None,
+             resumed_from: Path | None, resumed: TrainerState | None,
+             strategy_report: dict[str, Any], utilisation: list[dict[str, Any]],
+             profile: list[dict[str, Any]] | None, peak_flops: float | None
+             ) -> dict[str, Any]:
+    """The results.json document. ``started``/``finished`` are ``time.time()`` values;
+    ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
+    summary = _summary(epochs)
+    versions = rundir.versions()
+    versions["plugins"] = _plugin_versions(config, plugins)
+    results = {
+        "ddl_version": __import__("ddl").__version__,
+        "versions": versions,
+        "started_at": time.strftime(TIME_FORMAT, time.localtime(started)),
+        "finished_at": time.strftime(TIME_FORMAT, time.localtime(finished)),
+        "wall_time_s": finished - started,
+        "command": sys.argv,
+        "plugin": config.plugin, "strategy": config.strategy, "site": config.site,
+        "preset": layout.preset,
+        "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
+        "world": {"size": world.size, "dp_size": layout.dp_size, "backend": world.backend,
+                  "device": world.device.type},
+        "precision": precision,
+        "loader_workers": loader_workers,
+        "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch},
+        "lr": {"base": layout.base_lr, "scaled": layout.lr, "scaling": config.lr_scaling,
+               "warmup_epochs": config.warmup_epochs},
+        "steps_per_epoch": layout.steps_per_epoch,
+        "epochs": epochs,
+        "summary": summary,
+        "final": {"val": val, "test": test},
+        "parameters": parameters,  # of the whole model, whatever the strategy
+        "model_file": rundir.MODEL,
+        "memory_per_rank": memory,
+        "checkpoints": {
+            "latest": str(latest_checkpoint or ""), "keep": config.keep_checkpoints,
+            "every_steps": config.checkpoint_every,
+            "resumed_from": ({"checkpoint": str(resumed_from), "step": resumed.step,
+                              "saved_by_world_size": resumed.world_size}
+                             if resumed else None)},
+        # set by Slurm (--requeue) and torch's elastic agent (--max-restarts) respectively
+        "restarts": {"slurm_restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+                     "worker_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))},
+        "strategy_report": strategy_report,
+        "utilisation": utilisation,
+    }
+    if profile is not None:
+        results["profile"] = profile
+    results["mfu"] = mfu.summary(workload.flops_per_sample(), summary["samples_per_s"],
+                                 world.size, peak_flops, f"site profile {config.site}")
+    return results
+
+
+def _summary(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Epoch time and throughput over the measured epochs: all but the run's first (warm-up)
+    one, or that one alone when it is all there is."""
+    measured = [e for e in epochs if not e["warmup"]] or epochs
+    seconds = sum(e["time_s"] for e in measured)
+    return {
+        "epoch_time_s": seconds / len(measured),
+        "samples_per_s": sum(e["samples"] for e in measured) / seconds,
+        "epochs_measured": [e["epoch"] for e in measured],
+        "first_epoch_excluded": len(epochs) > 1,
+    }
+
+
+def _plugin_versions(config: RunConfig, plugins: Plugins) -> dict[str, str]:
+    """The distributions that supplied the workload and strategy, with their versions."""
+    return {role: plugins.version_of(spec.plugin) or spec.plugin
+            for role, spec in (("workload", plugins.workload(config.plugin)),
+                               ("strategy", plugins.strategy(config.strategy)))}

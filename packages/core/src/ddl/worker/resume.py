@@ -1,0 +1,76 @@
+"""Where a run starts: from scratch, or from the checkpoint ``--resume`` names.
+
+A checkpoint may come from a run with another world size or strategy (DCP reshards), but
+it must hold the same workload and preset, and one saved inside an epoch needs the same
+global batch to find its place in the epoch's shuffled order. The epochs finished before
+the resume point keep their records: they are copied from the run that wrote the checkpoint,
+so ``metrics.jsonl`` and ``results.json`` of the resumed run cover the whole training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddl.contract.errors import UsageError
+from ddl.settings import rundir
+from ddl.worker import checkpoint
+from ddl.worker.setup import Run
+
+
+@dataclass
+class Start:
+    """The first epoch to run and the batch within it to start from."""
+
+    epoch: int
+    position: int
+    checkpoint: Path | None  # what --resume resolved to, None for a fresh start
+    saved: checkpoint.TrainerState | None  # that checkpoint's trainer state
+    earlier_epochs: list[dict[str, Any]]  # records of the epochs before ``epoch``
+
+
+def start(run: Run) -> Start:
+    """Load the checkpoint ``--resume`` names (if any) into ``run`` and say where to begin;
+    sets ``run.step`` to the checkpoint's step."""
+    path = checkpoint.resolve(run.config.resume, run.run_dir)
+    saved = _load(path, run)
+    run.step, epoch, position = (saved.step, saved.epoch, saved.position) if saved else (0, 1, 0)
+    return Start(epoch=epoch, position=position, checkpoint=path, saved=saved,
+                 earlier_epochs=_earlier_epochs(path, run, epoch))
+
+
+def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
+    config, layout = run.config, run.layout
+    if path is None:
+        if config.resume == "auto":
+            run.say(f"ddl: --resume auto: no checkpoint in {run.run_dir}; starting from step 0")
+        return None
+    saved = checkpoint.read_trainer_state(path)
+    if saved.plugin and (saved.plugin, saved.preset) != (config.plugin, layout.preset):
+        raise UsageError(f"--resume: {path} holds {saved.plugin} ({saved.preset}), not "
+                         f"{config.plugin} ({layout.preset}); resume with the same workload")
+    if saved.position and saved.global_batch != layout.global_batch:
+        raise UsageError(f"--resume: {path} stopped inside an epoch with global batch "
+                         f"{saved.global_batch}; resume it with the same global batch (now "
+                         f"{layout.global_batch}) or from an epoch-end checkpoint")
+    if saved.epoch > layout.epochs:
+        raise UsageError(f"--resume: {path} already completed {saved.epoch - 1} epoch(s); "
+                         f"ask for more with --epochs (now {layout.epochs})")
+    checkpoint.load(path, run.world, run.strategy, run.model, run.optimizer)
+    run.scheduler.load_state_dict(saved.scheduler)
+    run.say(f"ddl: resumed from {path} (step {saved.step}, epoch {saved.epoch}, "
+            f"batch {saved.position} of the epoch; saved by {saved.world_size} rank(s) "
+            f"under {saved.strategy})")
+    return saved
+
+
+def _earlier_epochs(path: Path | None, run: Run, first_epoch: int) -> list[dict[str, Any]]:
+    """Per-epoch records of the epochs before the resume point, from the run that wrote the
+    checkpoint; this run's metrics.jsonl is rewritten to hold exactly those."""
+    metrics = run.run_dir / rundir.METRICS
+    source = path.parent.parent / rundir.METRICS if path else metrics
+    records = [r for r in rundir.read_jsonl(source) if r.get("epoch", 0) < first_epoch]
+    if run.world.is_main and (records or metrics.exists()):
+        rundir.rewrite_jsonl(metrics, records)
+    return records

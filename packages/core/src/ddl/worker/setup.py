@@ -1,0 +1,177 @@
+"""Setting up one training run: from a run configuration to a model ready to train.
+
+``build`` resolves the workload and strategy plugins, lets the strategy check the pair and
+works out batch sizes and the learning rate (a ``Layout``). It builds no model, so the CLI can
+run it as a cheap pre-flight check before any worker starts. ``set_up`` then builds what the
+epochs need - the wrapped model, its optimizer and learning-rate schedule, the precision and
+the sharded loaders - into one ``Run`` that the trainer drives epoch by epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddl.contract.errors import UsageError
+from ddl.contract.plugins import Plugins
+from ddl.contract.strategy import Strategy
+from ddl.contract.workload import Workload
+from ddl.contract.world import World
+from ddl.settings.config import RunConfig, resolve_batch, scaled_lr
+from ddl.worker import checkpoint
+from ddl.worker.distributed import seed_all
+from ddl.worker.loaders import eval_loader, train_loader
+from ddl.worker.precision import Precision
+
+
+@dataclass
+class Layout:
+    """What the worker derived from the config and the world."""
+
+    preset: str
+    dp_size: int
+    batch_per_replica: int
+    global_batch: int
+    base_lr: float
+    lr: float
+    epochs: int
+    steps_per_epoch: int = 0
+
+
+def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, Strategy, Layout]:
+    """The workload and strategy for ``config``, checked against each other and the world."""
+    wspec = plugins.workload(config.plugin)
+    sspec = plugins.strategy(config.strategy)
+    if not sspec.supports(wspec):
+        from ddl.contract.specs import CAPABILITIES
+
+        missing = sorted(sspec.requires - wspec.capabilities)
+        able = [w.name for w in plugins.workloads().values() if sspec.supports(w)]
+        raise UsageError(f"--strategy {sspec.name}: workload {wspec.name} does not provide "
+                         f"{', '.join(missing)} ({CAPABILITIES[missing[0]]}); workloads that "
+                         f"support {sspec.name}: {', '.join(able) or 'none installed'}")
+    preset_name = config.preset or wspec.default_preset
+    if preset_name not in wspec.presets:
+        raise UsageError(f"--preset: {config.plugin} has no preset {preset_name!r}; allowed: "
+                         f"{', '.join(wspec.presets)}")
+    preset = wspec.presets[preset_name]
+    workload: Workload = wspec.create(preset)
+    strategy: Strategy = sspec.create(config.strategy_options)
+    strategy.configure(config)
+    strategy.check(workload, world)
+    dp_size = strategy.data_parallel_size(world)
+    per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
+    base_lr = config.lr or preset.lr
+    layout = Layout(preset=preset_name, dp_size=dp_size, batch_per_replica=per_replica,
+                    global_batch=global_batch, base_lr=base_lr,
+                    lr=scaled_lr(config, base_lr, global_batch, preset.batch_size),
+                    epochs=config.epochs or preset.epochs)
+    strategy.check_layout(layout)
+    return workload, strategy, layout
+
+
+@dataclass
+class Run:
+    """Everything one run trains with, built once by ``set_up``. ``step`` counts optimizer
+    steps over the whole run (a resumed run starts from the checkpoint's)."""
+
+    config: RunConfig
+    world: World
+    run_dir: Path
+    workload: Workload
+    strategy: Strategy
+    layout: Layout
+    data_dir: Path
+    splits: dict[str, Any]
+    parameters: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    precision: Precision
+    workers: int
+    train_loader: Any
+    val_loader: Any
+    test_loader: Any
+    step: int = 0
+
+    def say(self, message: str) -> None:
+        """Print on rank 0 only, so N ranks do not repeat each line N times."""
+        if self.world.is_main:
+            print(message, flush=True)
+
+    def eval_step(self, inputs, targets):
+        return self.strategy.eval_step(self.model, inputs, targets, self.workload,
+                                       self.precision)
+
+    def save_checkpoint(self, epoch: int, position: int) -> None:
+        """A checkpoint that resumes at batch ``position`` of ``epoch`` (all ranks call it)."""
+        if self.config.keep_checkpoints == 0:
+            return
+        state = checkpoint.TrainerState(
+            step=self.step, epoch=epoch, position=position,
+            global_batch=self.layout.global_batch, world_size=self.world.size,
+            scheduler=self.scheduler.state_dict(), plugin=self.config.plugin,
+            preset=self.layout.preset, strategy=self.config.strategy)
+        checkpoint.save(self.run_dir, self.world, self.strategy, self.model, self.optimizer,
+                        state, self.config.keep_checkpoints)
+
+
+def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
+           workers: int) -> Run:
+    """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
+    ``workers`` is the number of DataLoader processes per rank."""
+    workload, strategy, layout = build(config, world, plugins)
+    data_dir = Path(config.data_dir)
+    splits = workload.datasets(data_dir)
+
+    seed_all(config.seed)  # identical initial weights on every rank
+    model = workload.build_model()
+    # counted before wrapping: a pipeline rank keeps only its own stages afterwards
+    parameters = sum(p.numel() for p in model.parameters())
+    model = strategy.wrap(model, world)
+    # a pipeline rank may hold only parameter-free stages (MNIST's flatten); an empty group
+    # keeps its optimizer, lr schedule and checkpoint valid (torch refuses an empty list)
+    params = list(model.parameters()) or [{"params": []}]
+    optimizer = strategy.prepare_optimizer(workload.optimizer(params, layout.lr))
+    seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
+
+    precision = Precision.create(config.precision, world.device)
+    pin = world.device.type == "cuda"
+    dp_rank = strategy.data_parallel_rank(world)
+    loader = train_loader(splits["train"], batch_size=layout.batch_per_replica,
+                          replicas=layout.dp_size, rank=dp_rank, seed=config.seed,
+                          workers=workers, pin_memory=pin)
+    if len(loader) == 0:
+        raise UsageError(f"the global batch {layout.global_batch} is larger than the "
+                         f"{len(splits['train'])} training samples; use a smaller batch")
+    layout.steps_per_epoch = min(len(loader), config.steps_per_epoch or len(loader))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
+                                                                          workload))
+    val_loader, test_loader = (
+        eval_loader(splits[s], batch_size=layout.batch_per_replica, replicas=layout.dp_size,
+                    rank=dp_rank, workers=workers, pin_memory=pin) for s in ("val", "test"))
+    return Run(config=config, world=world, run_dir=run_dir, workload=workload,
+               strategy=strategy, layout=layout, data_dir=data_dir, splits=splits,
+               parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,
+               precision=precision, workers=workers, train_loader=loader,
+               val_loader=val_loader, test_loader=test_loader)
+
+
+def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
+    """Per-step multiplier: linear warm-up (starting from the unscaled lr when linear
+    scaling is on, Goyal et al. 2017 sec. 2.2) times the workload's per-epoch factor."""
+    warmup_steps = round(config.warmup_epochs * layout.steps_per_epoch)
+    start = min(1.0, layout.base_lr / layout.lr) if config.lr_scaling == "linear" else 0.0
+    if warmup_steps and start == 1.0:
+        start = 1.0 / warmup_steps
+
+    def factor(step: int) -> float:
+        warm = 1.0
+        if step < warmup_steps:
+            warm = start + (1.0 - start) * step / warmup_steps
+        return warm * workload.lr_factor(step // layout.steps_per_epoch)
+
+    return factor
