@@ -134,10 +134,10 @@ def test_resume_auto_continues_an_interrupted_run_dir(runs, synthetic_mnist, tmp
 
 
 def test_resume_rejects_a_checkpoint_of_another_workload_in_one_line(runs, tmp_path):
-    from ddl_cifar import data as cifar_data
+    from ddl_cifar import synthetic as cifar_synthetic
 
     data = tmp_path / "cifar"
-    cifar_data.write_synthetic(data, train_size=64, test_size=32, seed=0)
+    cifar_synthetic.write_synthetic(data, train_size=64, test_size=32, seed=0)
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--epochs", "1",
                    "--batch-size", "8",
                    "--data-dir", str(data), "--run-dir", str(tmp_path / "r"),

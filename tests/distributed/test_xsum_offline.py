@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from conftest import run_ddl
-from ddl_xsum import data
+from ddl_xsum import data, synthetic
 
 pytestmark = pytest.mark.distributed
 
@@ -112,7 +112,7 @@ def test_the_probe_records_and_blocks_remote_destinations(probe):
 def test_training_opens_no_network_connection(probe, tmp_path):
     env, log = probe
     data_dir = tmp_path / "data"
-    data.write_synthetic(data_dir, sizes={"train": 64, "validation": 16, "test": 16})
+    synthetic.write_synthetic(data_dir, sizes={"train": 64, "validation": 16, "test": 16})
     proc = subprocess.run(
         [sys.executable, "-c", "import sitecustomize, sys; from ddl.commands.cli import main; "
          "sys.exit(main(sys.argv[1:]))",

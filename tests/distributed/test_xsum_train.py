@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import assert_same_weights, run_ddl
-from ddl_xsum import data
+from ddl_xsum import data, synthetic
 from ddl_xsum.plugin import PRESETS
 
 pytestmark = pytest.mark.distributed
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.distributed
 def xsum_data(tmp_path_factory):
     """The course-sized synthetic set (1500/300/300), as `ddl prepare --synthetic` writes it."""
     root = tmp_path_factory.mktemp("xsum-data")
-    data.write_synthetic(root)
+    synthetic.write_synthetic(root)
     return root
 
 

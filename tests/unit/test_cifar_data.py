@@ -10,7 +10,7 @@ import pytest
 
 from conftest import assert_one_line_error, run_ddl
 from ddl.contract.errors import DataError, DataMissing
-from ddl_cifar import data
+from ddl_cifar import data, synthetic
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture(scope="module")
 def synthetic_cifar(tmp_path_factory):
     root = tmp_path_factory.mktemp("cifar-data")
-    data.write_synthetic(root, train_size=1000, test_size=200, seed=0)
+    synthetic.write_synthetic(root, train_size=1000, test_size=200, seed=0)
     return root
 
 
@@ -129,11 +129,11 @@ def test_synthetic_writer_refuses_real_data_and_leaves_no_temporaries(tmp_path):
     base.mkdir()
     (base / "data_batch_1").write_bytes(b"real data, say")
     with pytest.raises(DataError, match="refusing to overwrite"):
-        data.write_synthetic(tmp_path, train_size=10, test_size=10)
+        synthetic.write_synthetic(tmp_path, train_size=10, test_size=10)
     shutil.rmtree(base)
-    data.write_synthetic(tmp_path, train_size=10, test_size=10, seed=1)
+    synthetic.write_synthetic(tmp_path, train_size=10, test_size=10, seed=1)
     first = (base / "test_batch").read_bytes()
-    data.write_synthetic(tmp_path, train_size=10, test_size=10, seed=1)  # replaces, same bytes
+    synthetic.write_synthetic(tmp_path, train_size=10, test_size=10, seed=1)  # replaces, same bytes
     assert (base / "test_batch").read_bytes() == first
     assert sorted(p.name for p in tmp_path.iterdir()) == [data.BASE_FOLDER]
 

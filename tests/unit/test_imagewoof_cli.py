@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import assert_one_line_error, run_ddl
-from ddl_imagewoof import data
+from ddl_imagewoof import data, synthetic
 
 pytestmark = pytest.mark.unit
 
@@ -18,7 +18,7 @@ def imagewoof_synthetic(tmp_path_factory) -> Path:
     """Shared with test_imagewoof_data.py through the session's base temp directory."""
     root = tmp_path_factory.getbasetemp() / "imagewoof-synthetic"
     if not data.is_synthetic(root):
-        data.write_synthetic(root, 60, 20, seed=0)
+        synthetic.write_synthetic(root, 60, 20, seed=0)
     return root
 
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from ddl.contract.errors import DataError, DataMissing, DdlError
-from ddl_imagewoof import data
+from ddl_imagewoof import data, synthetic
 from ddl_imagewoof.plugin import PRESETS
 from ddl_imagewoof.workload import ImagewoofWorkload
 
@@ -28,7 +28,7 @@ def imagewoof_synthetic(tmp_path_factory) -> Path:
     """One small synthetic Imagewoof per session (also used by the CLI tests)."""
     root = tmp_path_factory.getbasetemp() / "imagewoof-synthetic"
     if not data.is_synthetic(root):
-        data.write_synthetic(root, TRAIN_PER_CLASS, VAL_PER_CLASS, seed=0)
+        synthetic.write_synthetic(root, TRAIN_PER_CLASS, VAL_PER_CLASS, seed=0)
     return root
 
 
@@ -102,16 +102,16 @@ def test_tiny_preset_caps_splits_over_all_classes(imagewoof_synthetic):
 
 
 def test_synthetic_generation_is_deterministic_and_replaces_only_synthetic(tmp_path):
-    a = data.write_synthetic(tmp_path / "a", 2, 1, seed=3)
-    b = data.write_synthetic(tmp_path / "b", 3, 1, seed=3)
+    a = synthetic.write_synthetic(tmp_path / "a", 2, 1, seed=3)
+    b = synthetic.write_synthetic(tmp_path / "b", 3, 1, seed=3)
     name = "val/n02099601/ILSVRC2012_val_00000007.JPEG"
     assert (a / name).read_bytes() == (b / name).read_bytes()  # val independent of train size
-    data.write_synthetic(tmp_path / "a", 1, 1, seed=4)  # replacing a synthetic set is fine
+    synthetic.write_synthetic(tmp_path / "a", 1, 1, seed=4)  # replacing a synthetic set is fine
     assert len(list((a / "train" / "n02086240").iterdir())) == 1
     assert not list((tmp_path / "a").glob(".imagewoof2-320-*"))  # no temporary leftovers
     (a / "SYNTHETIC.txt").unlink()  # now it looks like real data
     with pytest.raises(DataError, match="refusing to overwrite"):
-        data.write_synthetic(tmp_path / "a", 1, 1)
+        synthetic.write_synthetic(tmp_path / "a", 1, 1)
 
 
 # --- checks -------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ class _Server:
 def archive(tmp_path_factory) -> bytes:
     """A .tgz laid out like fastai's: imagewoof2-320/{train,val}/<wnid>/*.JPEG (+ the csv)."""
     src = tmp_path_factory.mktemp("archive-src")
-    top = data.write_synthetic(src, 2, 1, seed=1, short_side=64)
+    top = synthetic.write_synthetic(src, 2, 1, seed=1, short_side=64)
     (top / "SYNTHETIC.txt").unlink()
     (top / "noisy_imagewoof.csv").write_text("path,noisy_labels_0\n")
     buffer = io.BytesIO()

@@ -24,7 +24,7 @@ SIZES = {"train": 96, "validation": 24, "test": 24}
 @pytest.fixture(scope="module")
 def xsum_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("xsum-data")
-    data.write_synthetic(root, sizes=SIZES, seed=0)
+    synthetic.write_synthetic(root, sizes=SIZES, seed=0)
     return root
 
 
@@ -82,8 +82,8 @@ def test_summary_is_a_function_of_the_documents_facts():
 
 
 def test_generation_is_deterministic(tmp_path):
-    data.write_synthetic(tmp_path / "a", sizes=SIZES, seed=5)
-    data.write_synthetic(tmp_path / "b", sizes=SIZES, seed=5)
+    synthetic.write_synthetic(tmp_path / "a", sizes=SIZES, seed=5)
+    synthetic.write_synthetic(tmp_path / "b", sizes=SIZES, seed=5)
     for rel in ("dataset/train/data-00000-of-00001.arrow",
                 "models/synthetic-tokenizer/tokenizer.json"):
         assert (tmp_path / "a/xsum" / rel).read_bytes() == (tmp_path / "b/xsum" / rel).read_bytes()
@@ -110,7 +110,7 @@ def test_refuses_to_overwrite_real_data(tmp_path):
     (tmp_path / "xsum" / "dataset").mkdir(parents=True)
     (tmp_path / "xsum" / "dataset" / "dataset_dict.json").write_text("{}")
     with pytest.raises(DataError, match="refusing to overwrite"):
-        data.write_synthetic(tmp_path, sizes=SIZES)
+        synthetic.write_synthetic(tmp_path, sizes=SIZES)
 
 
 def test_safetensors_truncation_is_detected(tmp_path):

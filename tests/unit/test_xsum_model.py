@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from ddl.contract.world import World
-from ddl_xsum import data
+from ddl_strategies.ddp import DDPStrategy
+from ddl_xsum import synthetic
 from ddl_xsum.plugin import PRESETS
 from ddl_xsum.workload import XsumWorkload, shift_right
 
@@ -25,7 +26,7 @@ SIZES = {"train": 48, "validation": 16, "test": 16}
 def tiny(tmp_path_factory):
     """(workload, datasets, model) for the tiny preset on a small synthetic set."""
     root = tmp_path_factory.mktemp("xsum-model")
-    data.write_synthetic(root, sizes=SIZES, seed=1)
+    synthetic.write_synthetic(root, sizes=SIZES, seed=1)
     workload = XsumWorkload(PRESETS["tiny"])
     splits = workload.datasets(root)
     torch.manual_seed(0)
@@ -148,10 +149,11 @@ class _Echo(nn.Module):
 def test_rouge_report_scores_the_references_as_perfect(tiny):
     workload, splits, model = tiny
     world = World(rank=0, local_rank=0, size=1, device=torch.device("cpu"), backend="gloo")
-    report = workload.test_report(_Echo(workload, splits["test"]), splits["test"], world)
+    ddp = DDPStrategy()  # one process: generates with the model it is given
+    report = workload.test_report(_Echo(workload, splits["test"]), splits["test"], world, ddp)
     assert report == pytest.approx({"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0})
-    untrained = workload.test_report(model, splits["test"], world)  # the real generate()
+    untrained = workload.test_report(model, splits["test"], world, ddp)  # the real generate()
     assert set(untrained) == {"rouge1", "rouge2", "rougeL"}
     assert 0.0 <= untrained["rouge1"] < 0.5
     off = dataclasses.replace(PRESETS["tiny"], options={**PRESETS["tiny"].options, "rouge": False})
-    assert XsumWorkload(off).test_report(model, splits["test"], world) == {}
+    assert XsumWorkload(off).test_report(model, splits["test"], world, ddp) == {}

@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from ddl.contract.workload import Workload
     from ddl.contract.world import World
     from ddl.worker.precision import Precision
-    from ddl.contract.workload import Workload
 
 
 class Strategy(ABC):
@@ -120,6 +120,16 @@ class Strategy(ABC):
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module to run evaluation forwards on."""
+        return model
+
+    def generation_model(self, model: nn.Module, world: World) -> nn.Module | None:
+        """A whole model that every rank holds as plain tensors, for loops a workload runs
+        itself after training (e.g. ``generate()``, which bypasses a wrapper's forward), so
+        that ranks may feed it different inputs. ``model`` is what :meth:`eval_model`
+        returned. None where the parameters stay distributed (tensor parallel): then every
+        rank must run ``model`` itself on the same inputs, as collectives run inside each
+        forward. All ranks call it (a strategy may gather; a collective). Default: the
+        model itself, which suits strategies whose ranks hold full replicas."""
         return model
 
     def eval_step(self, model: nn.Module, inputs: Any, targets: Any, workload: Workload,

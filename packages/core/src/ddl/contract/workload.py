@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
     from ddl.contract.specs import Preset
+    from ddl.contract.strategy import Strategy
 
 SPLITS = ("train", "val", "test")
 
@@ -29,24 +30,67 @@ class Workload(ABC):
         self.preset = preset
 
     # --- data -------------------------------------------------------------------------
-    @abstractmethod
+    #: Dotted name of the module that knows the data's on-disk layout. The default data
+    #: methods below call its ``check_files(data_dir)``, ``download(data_dir) -> Path``
+    #: and ``is_synthetic(data_dir) -> bool``; override a method instead where it needs
+    #: more than the data directory.
+    data_module: str = ""
+    #: Dotted name of the module whose ``write_synthetic(data_dir) -> Path`` generates a
+    #: learnable stand-in in the same layout (``ddl prepare --synthetic``).
+    synthetic_module: str = ""
+
+    def _module(self, attribute: str) -> Any:
+        from importlib import import_module
+
+        name = getattr(self, attribute)
+        if not name:  # an author's mistake, not a user's: a plain TypeError
+            raise TypeError(f"{type(self).__name__} sets no {attribute}; set it or override "
+                            "the data methods (check_data, prepare, is_synthetic)")
+        return import_module(name)
+
     def check_data(self, data_dir: Path) -> None:
-        """Raise :class:`ddl.contract.errors.DataError` (one line, naming the ``ddl prepare`` command)
+        """Raise :class:`ddl.contract.errors.DataError` (one line, naming the ``ddl prepare``
+        command; :class:`~ddl.contract.errors.DataMissing` if there is no data at all)
         unless ``data_dir`` holds a complete, readable copy of the data. Runs before any
         worker starts; keep it cheap."""
+        self._module("data_module").check_files(data_dir)
 
-    @abstractmethod
     def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
         """Fetch the official data (login node, network) or, with ``synthetic``, generate a
         learnable stand-in in the same on-disk format. Safe to re-run."""
+        if synthetic:
+            return self._module("synthetic_module").write_synthetic(data_dir)
+        return self._module("data_module").download(data_dir)
 
     def is_synthetic(self, data_dir: Path) -> bool:
-        """Whether ``data_dir`` holds generated data (recorded in results.json)."""
-        return False
+        """Whether ``data_dir`` holds generated data (recorded in results.json); False for
+        a workload without a data module."""
+        return bool(self.data_module) and self._module("data_module").is_synthetic(data_dir)
 
     @abstractmethod
     def datasets(self, data_dir: Path) -> dict[str, Dataset]:
         """The ``train``, ``val`` and ``test`` datasets, read from their real format."""
+
+    def holdout_splits(self, train: Dataset, test: Dataset, val_fraction: float,
+                       val_view: Dataset | None = None) -> dict[str, Dataset]:
+        """The three splits of a data set without a validation split (MNIST, CIFAR-10): the
+        last ``val_fraction`` of ``train`` is held out as ``val``, fixed, like Keras'
+        ``validation_split``; ``val_view`` reads those samples another way (the eval
+        transform) if given. The preset options ``train_samples`` and ``eval_samples`` cut
+        the splits to prefixes (small presets)."""
+        from torch.utils.data import Subset
+
+        n_val = int(len(train) * val_fraction)
+        n_train = len(train) - n_val
+        indices = {"train": range(n_train), "val": range(n_train, len(train)),
+                   "test": range(len(test))}
+        options = self.preset.options
+        for split, limit in (("train", "train_samples"), ("val", "eval_samples"),
+                             ("test", "eval_samples")):
+            if limit in options:
+                indices[split] = indices[split][: options[limit]]
+        sources = {"train": train, "val": train if val_view is None else val_view, "test": test}
+        return {split: Subset(sources[split], indices[split]) for split in SPLITS}
 
     # --- model, loss, metrics -----------------------------------------------------------
     @abstractmethod
@@ -130,8 +174,11 @@ class Workload(ABC):
             stages[-1].append((name, child))
         return [nn.Sequential(OrderedDict(children)) for children in stages]
 
-    def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
+    def test_report(self, model: nn.Module, dataset: Dataset, world: Any,
+                    strategy: Strategy) -> dict[str, Any]:
         """Optional extra test metrics computed once after training (e.g. ROUGE on generated
-        summaries). Called on every rank with the evaluation module; return the same dict
-        everywhere (reduce across ranks yourself) or {} to skip."""
+        summaries). Called on every rank with the evaluation module and the strategy (ask
+        its :meth:`~ddl.contract.strategy.Strategy.generation_model` for a whole model to
+        run loops of your own on); return the same dict everywhere (reduce across ranks
+        yourself) or {} to skip."""
         return {}

@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Subset
 
 from ddl.contract.errors import UsageError
 from ddl.contract.workload import Workload
@@ -40,16 +39,8 @@ STD = (0.2470, 0.2435, 0.2616)
 
 class CifarWorkload(Workload):
     # --- data -------------------------------------------------------------------------
-    def check_data(self, data_dir: Path) -> None:
-        data.check_files(data_dir)
-
-    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
-        if synthetic:
-            return data.write_synthetic(data_dir)
-        return data.download(data_dir)
-
-    def is_synthetic(self, data_dir: Path) -> bool:
-        return data.is_synthetic(data_dir)
+    data_module = "ddl_cifar.data"
+    synthetic_module = "ddl_cifar.synthetic"
 
     def transforms(self, train: bool):
         from torchvision.transforms import v2
@@ -69,18 +60,7 @@ class CifarWorkload(Workload):
         full_train = open_split(data_dir, train=True, transform=self.transforms(train=True))
         full_val = open_split(data_dir, train=True, transform=self.transforms(train=False))
         test = open_split(data_dir, train=False, transform=self.transforms(train=False))
-        n_val = int(len(full_train) * VAL_FRACTION)
-        n_train = len(full_train) - n_val
-        train_idx, val_idx = range(n_train), range(n_train, len(full_train))
-        test_idx = range(len(test))
-        options = self.preset.options
-        if "train_samples" in options:  # small presets read a prefix of each split
-            train_idx = train_idx[: options["train_samples"]]
-        if "eval_samples" in options:
-            val_idx = val_idx[: options["eval_samples"]]
-            test_idx = test_idx[: options["eval_samples"]]
-        return {"train": Subset(full_train, train_idx), "val": Subset(full_val, val_idx),
-                "test": Subset(test, test_idx)}
+        return self.holdout_splits(full_train, test, VAL_FRACTION, val_view=full_val)
 
     # --- model, loss, metrics -----------------------------------------------------------
     @property

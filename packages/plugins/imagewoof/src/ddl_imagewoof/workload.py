@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from ddl.contract.errors import DataError, DataMissing, UsageError
+from ddl.contract.errors import DataError, UsageError
 from ddl.contract.workload import Workload
 from ddl_imagewoof import data
 from ddl_imagewoof.model import XResNet, XResNetConfig, scaled_config, train_flops_per_sample
@@ -74,6 +74,9 @@ def _spread(indices: list[int], n: int | None) -> list[int]:
 
 
 class ImagewoofWorkload(Workload):
+    data_module = "ddl_imagewoof.data"
+    synthetic_module = "ddl_imagewoof.synthetic"
+
     def __init__(self, preset) -> None:
         super().__init__(preset)
         options = preset.options
@@ -88,21 +91,6 @@ class ImagewoofWorkload(Workload):
         self.bn_group = options.get("bn_group")
 
     # --- data -------------------------------------------------------------------------
-    def check_data(self, data_dir: Path) -> None:
-        if not data.root(data_dir).exists():
-            raise DataMissing(
-                f"no Imagewoof data in {data_dir} (expected {data.root(data_dir)}/train and "
-                f"/val); {data.fix_hint(data_dir)}")
-        data.check_files(data_dir)
-
-    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
-        if synthetic:
-            return data.write_synthetic(data_dir)
-        return data.download(data_dir)
-
-    def is_synthetic(self, data_dir: Path) -> bool:
-        return data.is_synthetic(data_dir)
-
     def datasets(self, data_dir: Path) -> dict:
         from torchvision.datasets import ImageFolder
 

@@ -19,11 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Subset
 
-from ddl.contract.errors import DataMissing
 from ddl.contract.workload import Workload
-from ddl_mnist import data
 
 VAL_FRACTION = 0.1
 MEAN, STD = 0.1307, 0.3081  # of the real MNIST training set, as in torchvision's examples
@@ -48,21 +45,8 @@ class MnistCNN(nn.Module):
 
 
 class MnistWorkload(Workload):
-    def check_data(self, data_dir: Path) -> None:
-        if not data.mnist_dir(data_dir).exists():
-            raise DataMissing(
-                f"no MNIST data in {data_dir} (expected {data.mnist_dir(data_dir)}/raw); run "
-                f"`ddl prepare --plugin mnist --data-dir {data_dir}` on a login node (or add "
-                "--synthetic for generated data)")
-        data.check_files(data_dir)
-
-    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
-        if synthetic:
-            return data.write_synthetic(data_dir)
-        return data.download(data_dir)
-
-    def is_synthetic(self, data_dir: Path) -> bool:
-        return data.is_synthetic(data_dir)
+    data_module = "ddl_mnist.data"
+    synthetic_module = "ddl_mnist.synthetic"
 
     def datasets(self, data_dir: Path) -> dict:
         from torchvision import datasets
@@ -72,17 +56,7 @@ class MnistWorkload(Workload):
                                 v2.Normalize((MEAN,), (STD,))])
         full_train = datasets.MNIST(str(data_dir), train=True, transform=transform)
         test = datasets.MNIST(str(data_dir), train=False, transform=transform)
-        n_val = int(len(full_train) * VAL_FRACTION)
-        n_train = len(full_train) - n_val
-        train_idx, val_idx = range(n_train), range(n_train, len(full_train))
-        test_idx = range(len(test))
-        options = self.preset.options
-        if "train_samples" in options:  # small presets read a prefix of each split
-            train_idx = train_idx[: options["train_samples"]]
-        if "eval_samples" in options:
-            val_idx, test_idx = val_idx[: options["eval_samples"]], test_idx[: options["eval_samples"]]
-        return {"train": Subset(full_train, train_idx), "val": Subset(full_train, val_idx),
-                "test": Subset(test, test_idx)}
+        return self.holdout_splits(full_train, test, VAL_FRACTION)
 
     def build_model(self) -> nn.Module:
         return MnistCNN(tuple(self.preset.options.get("channels", (32, 64))))

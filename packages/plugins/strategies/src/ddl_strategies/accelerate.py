@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddl.contract.world import World
 from ddl.contract.errors import UsageError
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
+from ddl.contract.world import World
 
 
 class AccelerateStrategy(Strategy):
@@ -82,6 +82,13 @@ class AccelerateStrategy(Strategy):
     def eval_model(self, model: nn.Module) -> nn.Module:
         # DDP's plain module avoids buffer syncs; FSDP must run sharded on every rank.
         return model if self.mode == "fsdp" else self.accelerator.unwrap_model(model)
+
+    def generation_model(self, model: nn.Module, world: World) -> nn.Module:
+        if self.mode != "fsdp":
+            return model  # DDP: the unwrapped module, a full replica
+        from ddl_strategies.gathered import gathered_copy
+
+        return gathered_copy(self.workload, model, world.device)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         state = self.accelerator.get_state_dict(model)  # gathers shards under FSDP

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddl.contract.world import World
 from ddl.contract.strategy import Strategy
+from ddl.contract.world import World
 
 
 class DDPStrategy(Strategy):

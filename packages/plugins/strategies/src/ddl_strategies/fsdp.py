@@ -34,10 +34,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from ddl.contract.world import World
 from ddl.contract.errors import UsageError
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
+from ddl.contract.world import World
 
 
 class FSDPStrategy(Strategy):
@@ -79,6 +79,12 @@ class FSDPStrategy(Strategy):
         # The root holds what no unit owns (stem, head, norms) and drives the schedule.
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
+
+    def generation_model(self, model: nn.Module, world: World) -> nn.Module:
+        """A plain copy gathered from the shards (see ddl_strategies.gathered)."""
+        from ddl_strategies.gathered import gathered_copy
+
+        return gathered_copy(self.workload, model, world.device)
 
     def report(self, world: World) -> dict:
         return {"reshard_after_forward": self.option_flag("reshard_after_forward", True),

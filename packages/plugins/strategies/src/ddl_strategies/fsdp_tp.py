@@ -15,10 +15,10 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from ddl.contract.world import World
 from ddl.contract.errors import UsageError
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
+from ddl.contract.world import World
 from ddl_strategies.tp import apply_tensor_parallel, full_state
 
 
@@ -53,6 +53,12 @@ class FSDPTensorParallelStrategy(Strategy):
             fully_shard(unit, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
         return model
+
+    def generation_model(self, model: nn.Module, world: World) -> nn.Module:
+        """A plain copy gathered from the shards (see ddl_strategies.gathered)."""
+        from ddl_strategies.gathered import gathered_copy
+
+        return gathered_copy(self.workload, model, world.device)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return full_state(model)

@@ -59,10 +59,10 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
 )
 
-from ddl.contract.world import World
 from ddl.contract.errors import UsageError
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
+from ddl.contract.world import World
 
 SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 MULTI = {"interleaved1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS,
@@ -288,6 +288,13 @@ class PipelineStrategy(Strategy):
         # The wrapped model is a ModuleList of this rank's stages ("0.", "1." prefixes);
         # each stage keeps the full model's names below that.
         return fqn.split(".", 1)[1]
+
+    def generation_model(self, model: nn.Module, world: World) -> nn.Module:
+        """The whole model rebuilt on every rank from all ranks' stages (a collective):
+        loops such as generate() need every layer, token by token."""
+        from ddl_strategies.gathered import plain_copy
+
+        return plain_copy(self.workload, self.full_state_dict(model), world.device)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         # Stage modules keep the original child names, so the pieces merge into the full

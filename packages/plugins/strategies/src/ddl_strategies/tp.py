@@ -26,10 +26,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from ddl.contract.world import World
 from ddl.contract.errors import UsageError
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
+from ddl.contract.world import World
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
@@ -70,6 +70,10 @@ class TensorParallelStrategy(Strategy):
         mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("tp",))
         apply_tensor_parallel(model, self.workload, mesh)
         return model
+
+    def generation_model(self, model: nn.Module, world: World) -> None:
+        """None: generate on the tensor-parallel model itself, all ranks on the same inputs
+        (each forward runs collectives; a gathered copy would cost a whole model per rank)."""
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return full_state(model)

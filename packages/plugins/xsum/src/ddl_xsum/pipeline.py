@@ -179,22 +179,3 @@ def build_stages(model: nn.Module, cuts: list[int]) -> list[T5Stage]:
     n_blocks = len(model.encoder.block) + len(model.decoder.block)
     bounds = [0, *cuts, n_blocks]
     return [T5Stage(model, a, b) for a, b in zip(bounds, bounds[1:])]
-
-
-def gather_model(stages: nn.ModuleList, device: torch.device) -> nn.Module:
-    """The whole model, rebuilt on every rank from each rank's stages (a collective)."""
-    import torch.distributed as dist
-    from transformers import T5ForConditionalGeneration
-
-    mine = {k: v.detach().cpu() for stage in stages for k, v in stage.state_dict().items()}
-    pieces: list = [None] * dist.get_world_size()
-    dist.all_gather_object(pieces, mine)
-    with torch.random.fork_rng():  # building initialises weights: leave the RNG as it was
-        plain = T5ForConditionalGeneration(stages[0].config)
-    plain.load_state_dict({k: v for piece in pieces for k, v in piece.items()})
-    return plain.to(device).eval()
-
-
-def is_pipeline(model: nn.Module) -> bool:
-    return isinstance(model, nn.ModuleList) and len(model) > 0 and \
-        all(isinstance(m, T5Stage) for m in model)

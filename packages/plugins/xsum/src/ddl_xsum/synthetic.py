@@ -14,13 +14,31 @@ is a fixed function of the hidden facts:
 so a model must find the event sentence among the distractors and copy the right entity,
 number and place into a fixed template. A small T5 learns the template within an epoch and
 the copying over a few more, which is what the tiny preset's learnability check needs.
-Nothing here imports torch or Hugging Face libraries.
+:func:`write_synthetic` saves such articles in XSum's on-disk layout, with a tokenizer
+trained on them and T5 configs; it imports the Hugging Face libraries only when it runs
+(and never torch), so the generator alone stays light.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
+from pathlib import Path
+
+from ddl.contract import datafiles
+from ddl.contract.errors import DataError
+from ddl_xsum.data import (
+    COLUMNS,
+    MARKER,
+    OFFLINE_VARS,
+    SPLIT_SIZES,
+    SYNTHETIC_TOKENIZER,
+    T5_SHAPES,
+    quiet_hf,
+    t5_config,
+    xsum_dir,
+)
 
 ACTORS = [
     "Northgate Council", "the Harbour Trust", "Alba Rail", "Westfield Housing",
@@ -103,3 +121,90 @@ def articles(n: int, seed: int) -> Iterator[dict[str, str]]:
     rng = random.Random(seed)
     for _ in range(n):
         yield article(rng)
+
+
+# ---------------------------------------------------------------------------
+# The synthetic set on disk
+# ---------------------------------------------------------------------------
+
+
+def _train_tokenizer(texts: list[str], out: Path) -> int:
+    """A BPE tokenizer with T5's special tokens and conventions, trained on ``texts``.
+
+    T5's SentencePiece vocabulary has <pad>=0, </s>=1, <unk>=2, marks word starts with "▁"
+    (Metaspace) and appends </s> to every sequence; the decoder starts from <pad>
+    (Raffel et al. 2020, sec. 2.1 and the released vocabulary). Saved with save_pretrained,
+    so AutoTokenizer.from_pretrained(out) loads it like any hub tokenizer.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.NFKC()
+    # Punctuation split off words, so "Bristol." in a summary reuses the token of "Bristol".
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(),
+                                                 pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(texts, BpeTrainer(vocab_size=1000, min_frequency=2,
+                                              special_tokens=["<pad>", "</s>", "<unk>"],
+                                              show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=512)
+    fast.save_pretrained(str(out))
+    return len(fast)
+
+
+def _synthetic_note(data_dir: Path, seed: int, sizes: dict[str, int], vocab: int) -> str:
+    return (
+        "This is NOT the real XSum data set, and there are no pretrained T5 weights here.\n"
+        "\n"
+        "The dataset is generated news-like articles with one-sentence summaries (see\n"
+        "ddl_xsum.synthetic), saved with datasets' save_to_disk in XSum's schema (document,\n"
+        "summary, id). The tokenizer is a BPE trained on these articles, not T5's\n"
+        f"SentencePiece vocabulary ({vocab} tokens). models/synthetic-t5-*/ hold configs\n"
+        "only: every preset trains its model from a random initialisation. Losses and\n"
+        "ROUGE on this set say nothing about XSum.\n"
+        "\n"
+        "generator:   ddl_xsum.synthetic.write_synthetic\n"
+        f"seed:        {seed}\n"
+        + "".join(f"{split + ' size:':<13}{n}\n" for split, n in sizes.items())
+        + "\nTo replace it with the real data, run on a machine with internet access:\n"
+        f"  ddl prepare --plugin xsum --data-dir {data_dir}\n"
+    )
+
+
+def write_synthetic(data_dir: Path, sizes: dict[str, int] | None = None, seed: int = 0) -> Path:
+    """Write the generated stand-in (dataset, tokenizer, model configs, marker); return the
+    xsum directory. Deterministic for a seed; each split has its own random stream.
+    Replaces an earlier synthetic set but refuses to touch real data."""
+    data_dir = Path(data_dir)
+    sizes = dict(SPLIT_SIZES if sizes is None else sizes)
+    if set(sizes) != set(SPLIT_SIZES) or min(sizes.values()) < 1:
+        raise DataError(f"synthetic xsum sizes must be positive for {', '.join(SPLIT_SIZES)} "
+                        f"(got {sizes})")
+    target = xsum_dir(data_dir)
+    quiet_hf()
+    for var in OFFLINE_VARS:  # nothing here needs the network
+        os.environ[var] = "1"
+
+    with datafiles.new_synthetic_set(target, "XSum") as new:
+        import datasets
+
+        splits = {split: list(articles(n, seed=seed * 1000 + i))
+                  for i, (split, n) in enumerate(sizes.items())}
+        features = datasets.Features({c: datasets.Value("string") for c in COLUMNS})
+        ddict = datasets.DatasetDict({
+            split: datasets.Dataset.from_dict({c: [r[c] for r in recs] for c in COLUMNS},
+                                              features=features)
+            for split, recs in splits.items()})
+        ddict.save_to_disk(str(new / "dataset"))
+        texts = [r[c] for r in splits["train"] for c in ("document", "summary")]
+        vocab = _train_tokenizer(texts + [SOURCE_PREFIX_WORDS],
+                                 new / "models" / SYNTHETIC_TOKENIZER)
+        for model in T5_SHAPES:
+            t5_config(model, vocab).save_pretrained(str(new / "models" / f"synthetic-{model}"))
+        (new / MARKER).write_text(_synthetic_note(data_dir, seed, sizes, vocab))
+    return target

@@ -42,7 +42,7 @@ def _go_offline() -> None:
     they are imported (they read these variables at import time)."""
     for var in data.OFFLINE_VARS:
         os.environ[var] = "1"
-    data._quiet_hf()
+    data.quiet_hf()
 
 
 class SummaryDataset(Dataset):
@@ -117,16 +117,13 @@ class XsumWorkload(Workload):
         self.trim_batches = True  # off under pipeline parallel (see pipeline_stages)
 
     # --- data -------------------------------------------------------------------------
+    data_module = "ddl_xsum.data"
+    synthetic_module = "ddl_xsum.synthetic"
+
     def check_data(self, data_dir: Path) -> None:
+        """Overrides the default: what is checked depends on the preset's model and
+        tokenizer."""
         data.check(data_dir, model=self.model_name, tokenizer=self.tokenizer_name)
-
-    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
-        if synthetic:
-            return data.write_synthetic(data_dir)
-        return data.download(data_dir)
-
-    def is_synthetic(self, data_dir: Path) -> bool:
-        return data.is_synthetic(data_dir)
 
     def tokenizer(self, data_dir: Path):
         if self._tokenizer is None:
@@ -288,9 +285,6 @@ class XsumWorkload(Workload):
             plan[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias"] = "colwise"
         return plan
 
-    def _gathered_copy(self, model: nn.Module, world: Any):
-        return _gathered_copy_impl(model, world.device)
-
     def prepare_tensor_parallel(self, model: nn.Module, tp_degree: int) -> None:
         """Each rank computes n_heads / tp of every attention layer: T5Attention reshapes
         with ``n_heads`` and ``inner_dim``, so both become per-rank counts."""
@@ -332,85 +326,12 @@ class XsumWorkload(Workload):
         return build_stages(model, [round(i * n_blocks / n_stages) for i in range(1, n_stages)])
 
     # --- ROUGE on the test split ----------------------------------------------------------
-    def test_report(self, model: nn.Module, dataset: Dataset, world: Any) -> dict[str, Any]:
-        """ROUGE-1/2/L F-measures (Lin 2004) of greedy summaries of the first
-        ``rouge_samples`` test articles, with Google's ``rouge-score`` (Porter stemming).
-
-        A replicated model (single process, DDP, or the whole model gathered from pipeline
-        stages) lets every rank summarise its own share; the sums of F-measures are then
-        all-reduced. A model whose parameters are distributed (FSDP, tensor parallel) runs
-        collectives inside every forward, so all ranks must feed the same inputs for the
-        same number of steps: there each rank summarises all the samples itself (identical
-        results, no reduction).
-        """
+    def test_report(self, model: nn.Module, dataset: Dataset, world: Any,
+                    strategy: Any) -> dict[str, Any]:
+        """ROUGE-1/2/L of greedy test summaries (:mod:`ddl_xsum.rouge`); {} with ``rouge``
+        off."""
         if not self.rouge:
             return {}
-        import torch.distributed as dist
-        from rouge_score import rouge_scorer
+        from ddl_xsum.rouge import rouge_report
 
-        from ddl_xsum.pipeline import gather_model, is_pipeline
-
-        if is_pipeline(model):
-            # Pipeline parallel: this rank holds some stages only, and generation runs the
-            # decoder token by token. Each rank rebuilds the whole model (a collective; the
-            # gathered copy is replicated, so the samples are shared out below).
-            model = gather_model(model, world.device)
-        generate = getattr(model, "generate", None) or getattr(getattr(model, "module", None),
-                                                               "generate", None)
-        if generate is None:
-            return {}
-        n = len(dataset) if self.rouge_samples is None else min(self.rouge_samples, len(dataset))
-        if callable(getattr(model, "unshard", None)):
-            # FSDP2: generate() calls the encoder directly, bypassing the root's forward, so
-            # the root's own parameters (the tied embedding) are never gathered. Generate
-            # with a plain copy instead (a collective to build it; tiny next to training).
-            model, generate = self._gathered_copy(model, world)
-        shard = _is_replicated(model) and world.size > 1
-        indices = list(range(world.rank, n, world.size)) if shard else list(range(n))
-        tok = self._tokenizer
-        scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-        sums = torch.zeros(4, dtype=torch.float64)
-        model.eval()
-        batch_size = 16
-        with torch.no_grad():
-            for start in range(0, len(indices), batch_size):
-                items = [dataset[i] for i in indices[start:start + batch_size]]
-                batch = torch.utils.data.default_collate(items)
-                inputs, _ = self.to_device(batch, world.device)
-                out = generate(input_ids=inputs["input_ids"],
-                               attention_mask=inputs["attention_mask"],
-                               max_new_tokens=self.target_length, do_sample=False,
-                               num_beams=1, use_cache=True)
-                texts = tok.batch_decode(out, skip_special_tokens=True)
-                for i, text in zip(indices[start:start + batch_size], texts):
-                    s = scorer.score(dataset.summaries[i], text)
-                    sums += torch.tensor([s["rouge1"].fmeasure, s["rouge2"].fmeasure,
-                                          s["rougeL"].fmeasure, 1.0], dtype=torch.float64)
-        if shard:
-            sums = sums.to(world.device)
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-            sums = sums.cpu()
-        count = max(sums[3].item(), 1.0)
-        return {"rouge1": sums[0].item() / count, "rouge2": sums[1].item() / count,
-                "rougeL": sums[2].item() / count}
-
-
-def _gathered_copy_impl(model: nn.Module, device: torch.device):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from transformers import T5ForConditionalGeneration
-
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    plain = T5ForConditionalGeneration(model.config)
-    plain.load_state_dict(state, strict=False)  # tied copies of the embedding may be absent
-    plain.to(device).eval()
-    return plain, plain.generate
-
-
-def _is_replicated(model: nn.Module) -> bool:
-    """True when every rank holds the whole model as plain tensors (no DTensor shards, no
-    FSDP1 flat parameters), so ranks may run different inputs independently."""
-    from torch.distributed.tensor import DTensor
-
-    if any(isinstance(p, DTensor) for p in model.parameters()):
-        return False
-    return not any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules())
+        return rouge_report(self, model, dataset, world, strategy)
