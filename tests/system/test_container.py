@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -42,16 +43,22 @@ MAX_IMAGE_BYTES = 2.5e9
 pytestmark = pytest.mark.system
 
 
+def _results_on_the_host(proc: subprocess.CompletedProcess, cwd: Path) -> dict:
+    """The run succeeded and its results.json (the `results:` line) is a file under the
+    host directory it ran from, not somewhere inside the image."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    match = re.search(r"^results: (\S+)$", proc.stdout, re.M)
+    assert match, proc.stdout
+    results_file = cwd / match.group(1)
+    assert results_file.is_file() and results_file.is_relative_to(cwd)
+    return json.loads(results_file.read_text())
+
+
 def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, image,
                                                                 tmp_path):
     proc = _apptainer(runtime_env, "run", str(image), "train", "--site", "local", "--plugin",
                       "mnist", "--preset", "tiny", "--nproc", "2", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    match = re.search(r"^results: (\S+)$", proc.stdout, re.M)
-    assert match, proc.stdout
-    results_file = tmp_path / match.group(1)
-    assert results_file.is_file() and results_file.is_relative_to(tmp_path)
-    results = json.loads(results_file.read_text())
+    results = _results_on_the_host(proc, tmp_path)
     # the image's ddl ran (installed from its wheel), not the checkout's
     assert results["command"][0].startswith("/usr/local/lib/python3"), results["command"]
     assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu"}
@@ -78,12 +85,7 @@ def test_headline_command_shape_trains_xsum_for_lumi_on_cpu(runtime_env, image, 
     proc = _apptainer(runtime_env, "run", str(image), "train", "--site", "lumi", "--plugin",
                       "xsum", "--device", "cpu", "--preset", "tiny", "--nproc", "1",
                       "--data-dir", str(data), cwd=tmp_path, timeout=1200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    match = re.search(r"^results: (\S+)$", proc.stdout, re.M)
-    assert match, proc.stdout
-    results_file = tmp_path / match.group(1)
-    assert results_file.is_file() and results_file.is_relative_to(tmp_path)
-    results = json.loads(results_file.read_text())
+    results = _results_on_the_host(proc, tmp_path)
     assert results["command"][0] == "/usr/local/bin/ddl", results["command"]  # the image's
     assert results["world"]["device"] == "cpu" and results["world"]["size"] == 1
     assert results["data"]["dir"] == str(data)

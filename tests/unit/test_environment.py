@@ -93,28 +93,35 @@ def test_cte_power_needs_ppc64le_and_says_where_torch_comes_from():
     assert environment.arch_mismatch(get_site("juwels-booster"), "x86_64") is None
 
 
+def _stand_in_torch(tmp_path, version: str, *, cuda: str | None = None,
+                    importable: bool = True) -> dict[str, str]:
+    """A directory holding a `torch` package that only has torch/version.py (ddl reads the
+    version from there without importing torch) and an env that puts it first on the path.
+    Not importable: importing it exits, so a test shows ddl refused before importing."""
+    fake = tmp_path / "old" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "" if importable else "raise SystemExit('imported the old torch')\n")
+    (fake / "version.py").write_text(f"__version__ = {version!r}\ncuda = {cuda!r}\nhip = None\n")
+    return {"PYTHONPATH": str(tmp_path / "old")}
+
+
 def test_train_refuses_an_old_torch_before_importing_it(tmp_path):
     """`ddl train` checks the floor first, from torch/version.py, before anything imports
     torch. The old torch is a stand-in (a package whose version.py says 2.4.1 and whose
     import fails loudly): a real torch < 2.7 with its CUDA libraries is a ~3 GB download
     this test should not need."""
-    fake = tmp_path / "old" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise SystemExit('imported the old torch')\n")
-    (fake / "version.py").write_text("__version__ = '2.4.1'\ncuda = '12.1'\nhip = None\n")
+    env = _stand_in_torch(tmp_path, "2.4.1", cuda='12.1', importable=False)
     run_dir = tmp_path / "run"
     proc = run_ddl("train", "--plugin", "mnist", "--preset", "tiny", "--nproc", "1",
-                   "--run-dir", str(run_dir), env={"PYTHONPATH": str(tmp_path / "old")})
+                   "--run-dir", str(run_dir), env=env)
     assert_one_line_error(proc, "torch 2.4.1 is too old for ddl", "torch >= 2.7")
     assert not run_dir.exists()
 
 
 def test_doctor_reports_the_floor_on_an_old_torch(tmp_path):
-    fake = tmp_path / "old" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "version.py").write_text("__version__ = '2.5.1'\ncuda = None\nhip = None\n")
-    proc = run_ddl("doctor", "--site", "local", env={"PYTHONPATH": str(tmp_path / "old")})
+    env = _stand_in_torch(tmp_path, "2.5.1")
+    proc = run_ddl("doctor", "--site", "local", env=env)
     assert proc.returncode == 1
     assert "FAIL torch: torch 2.5.1 is too old for ddl; it needs torch >= 2.7" in proc.stdout
 
@@ -242,23 +249,17 @@ def test_pp_needs_torch_2_10():
 def test_train_refuses_pp_on_torch_2_9_before_training(tmp_path):
     """As above, a stand-in torch 2.9.1 (passes the floor, not pp's): refused before torch
     is imported or anything written."""
-    fake = tmp_path / "old" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise SystemExit('imported the old torch')\n")
-    (fake / "version.py").write_text("__version__ = '2.9.1'\ncuda = None\nhip = None\n")
+    env = _stand_in_torch(tmp_path, "2.9.1", importable=False)
     run_dir = tmp_path / "run"
     proc = run_ddl("train", "--plugin", "mnist", "--preset", "tiny", "--strategy", "pp",
                    "--nproc", "2", "--run-dir", str(run_dir),
-                   env={"PYTHONPATH": str(tmp_path / "old")})
+                   env=env)
     assert_one_line_error(proc, "--strategy pp: needs torch >= 2.10", "found torch 2.9.1")
     assert not run_dir.exists()
 
 
 def test_doctor_names_strategies_a_torch_is_too_old_for(tmp_path):
-    fake = tmp_path / "old" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("")
-    (fake / "version.py").write_text("__version__ = '2.8.0'\ncuda = None\nhip = None\n")
-    proc = run_ddl("doctor", "--site", "local", env={"PYTHONPATH": str(tmp_path / "old")})
+    env = _stand_in_torch(tmp_path, "2.8.0")
+    proc = run_ddl("doctor", "--site", "local", env=env)
     assert ("ok   torch: torch 2.8.0 (CPU-only build), ddl needs >= 2.7; too old for "
             "--strategy pp") in proc.stdout
