@@ -2,10 +2,11 @@
 
 1. `ddl prepare --plugin cifar --synthetic` then `ddl train --plugin cifar --preset tiny
    --nproc 2`: finishes, and learns (10 shape classes: chance is 10 %).
-2. Same seed, same global batch: with BatchNorm synchronised over the ranks (`tiny-syncbn`),
-   2 DDP ranks end with the weights of 1 process. Plain BatchNorm (every other preset, as in
-   the course) normalises each rank's half-batch on its own and cannot match; that is BN's
-   semantics, not a DDP error (measured here: 0.13 max abs weight difference after 6 steps).
+2. Same seed, same global batch: with BatchNorm synchronised over the ranks (`--preset tiny
+   --sync-bn`), 2 ranks of ddp, fsdp and accelerate end with the weights of 1 process. Plain
+   BatchNorm (without --sync-bn, as in the course) normalises each rank's half-batch on its
+   own and does not match; that is BN's semantics, not a DDP error (measured here: 0.13 max
+   abs weight difference after 6 steps), and it shows the switch is what makes them agree.
    The lr is the course's 0.01: at the tiny preset's 0.1 the first steps are chaotic enough
    (ReLU and max-pool switches) that float rounding alone grows to 1e-3 within 3 steps.
 """
@@ -49,9 +50,9 @@ def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def _train(tmp_path, data_dir, nproc, strategy="ddp"):
-    run_dir = tmp_path / f"np{nproc}-{strategy}"
-    proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny-syncbn", "--lr", "0.01",
+def _train(tmp_path, data_dir, nproc, strategy="ddp", sync_bn="--sync-bn"):
+    run_dir = tmp_path / f"np{nproc}-{strategy}{sync_bn}"
+    proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", sync_bn, "--lr", "0.01",
                    "--global-batch-size", "64", "--epochs", "2", "--steps-per-epoch", "3",
                    "--seed", "7", "--nproc", str(nproc), "--data-dir", str(data_dir),
                    "--run-dir", str(run_dir), "--strategy", strategy, cwd=tmp_path)
@@ -73,7 +74,7 @@ def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cif
     two, w2 = _train(tmp_path, prepared_cifar, 2, strategy)
     assert two["batch"] == {"per_replica": 32, "global": 64}
     torch.manual_seed(7)
-    initial = model.build(PRESETS["tiny-syncbn"].options).state_dict()
+    initial = model.build(PRESETS["tiny"].options).state_dict()
     assert w1.keys() == w2.keys() == initial.keys()
     for name in w1:
         if ("conv" in name and name.endswith("weight")) or name.endswith("running_mean"):
@@ -83,6 +84,15 @@ def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cif
     for split in ("val", "test"):
         for metric, value in one["final"][split].items():
             assert two["final"][split][metric] == pytest.approx(value, rel=1e-4)
+
+
+def test_without_sync_bn_two_ranks_differ(tmp_path, prepared_cifar, syncbn_reference):
+    """The same 2-rank ddp run with plain BatchNorm (--no-sync-bn) does not end where one
+    process ends: --sync-bn is what makes the test above pass."""
+    _, w1 = syncbn_reference
+    _, w2 = _train(tmp_path, prepared_cifar, 2, "ddp", "--no-sync-bn")
+    worst = max(float((w2[n].float() - w1[n].float()).abs().max()) for n in w1)
+    assert worst > 1e-2, worst
 
 
 def _train_tiny(tmp_path, data_dir, nproc, *more):

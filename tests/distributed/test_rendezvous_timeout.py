@@ -1,7 +1,7 @@
 """A rendezvous that cannot complete fails within --rendezvous-timeout, in one line.
 
 Real worker processes (`python -m ddl.worker`, configured like a per-node launcher does it,
-through DDL_RUN_CONFIG and the torch.distributed variables) meet at a real TCP store on
+through DDL_RUN_PLAN and the torch.distributed variables) meet at a real TCP store on
 127.0.0.1, with some of the ranks of the world never started. Each must exit non-zero with
 exactly one line on stderr naming MASTER_ADDR:MASTER_PORT and how many ranks arrived,
 instead of waiting out the default timeout.
@@ -9,7 +9,6 @@ instead of waiting out the default timeout.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -17,6 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from ddl.settings.config import build
+from ddl.settings.plan import PLAN_ENV, make_plan
 
 pytestmark = pytest.mark.distributed
 
@@ -32,14 +34,15 @@ def _free_port() -> int:
 
 
 def _start_rank(rank: int, world_size: int, port: int, run_dir: Path) -> subprocess.Popen:
-    config = {"site": "local", "device": "cpu", "run_dir": str(run_dir),
-              "data_dir": str(run_dir.parent / "no-data"), "rendezvous_timeout": TIMEOUT_S}
+    flags = {"site": "local", "device": "cpu", "run_dir": run_dir,
+             "data_dir": run_dir.parent / "no-data", "rendezvous_timeout": TIMEOUT_S}
     # Nothing from an enclosing launcher or job may leak in (agent store, Slurm ranks).
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TORCHELASTIC_", "SLURM_", "DDL_"))}
-    env.update(DDL_RUN_CONFIG=json.dumps(config), RANK=str(rank), LOCAL_RANK="0",
-               WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               OMP_NUM_THREADS="1")
+    env.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world_size),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    plan = make_plan(build(flags), env)  # what `ddl train` under a launcher hands its worker
+    env[PLAN_ENV] = plan.model_dump_json()
     return subprocess.Popen([sys.executable, "-m", "ddl.worker"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

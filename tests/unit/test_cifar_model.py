@@ -123,27 +123,6 @@ def test_parallelism_hints_name_real_modules():
     assert spec.capabilities == {"fsdp_units", "pipeline_splits"}  # no tp_plan: not for a CNN
 
 
-def test_cross_replica_batchnorm_is_batchnorm_in_one_process():
-    torch.manual_seed(0)
-    plain = torch.nn.BatchNorm2d(6, eps=model.KERAS_BN_EPS, momentum=0.1)
-    synced = model.CrossReplicaBatchNorm2d(6, eps=model.KERAS_BN_EPS, momentum=0.1)
-    with torch.no_grad():
-        for bn in (plain, synced):
-            bn.weight.copy_(torch.linspace(0.5, 2, 6))
-            bn.bias.copy_(torch.linspace(-1, 1, 6))
-    x = torch.randn(8, 6, 5, 5) * 3 + 1
-    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
-    y1, y2 = plain(x1), synced(x2)
-    torch.testing.assert_close(y2, y1, rtol=1e-5, atol=1e-5)
-    (y1 * torch.arange(6.0)[None, :, None, None]).sum().backward()
-    (y2 * torch.arange(6.0)[None, :, None, None]).sum().backward()
-    torch.testing.assert_close(x2.grad, x1.grad, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(synced.running_mean, plain.running_mean)
-    torch.testing.assert_close(synced.running_var, plain.running_var)
-    plain.eval(), synced.eval()
-    torch.testing.assert_close(synced(x), plain(x))
-
-
 @pytest.mark.parametrize("n_stages", [2, 3, 4])
 def test_pipeline_stages_compose_to_the_model(n_stages):
     """The pieces, run in order, are the model; their state_dicts merge into its keys (the
@@ -169,6 +148,3 @@ def test_pipeline_stage_limits():
     net = workload.build_model()
     with pytest.raises(UsageError, match="at most 4 stages"):
         workload.pipeline_stages(net, 5)
-    synced = CifarWorkload(PRESETS["tiny-syncbn"])
-    with pytest.raises(UsageError, match="sync_bn"):
-        synced.pipeline_stages(synced.build_model(), 2)

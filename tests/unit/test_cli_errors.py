@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
     (["train", "--nproc", "0"], ["--nproc", "greater than or equal to 1", "got 0"]),
     (["train", "--nproc", "two"], ["--nproc", "invalid int value: 'two'"]),
     (["train", "--preset", "huge"], ["--preset", "'huge'", "allowed: course, tiny"]),
-    (["train", "--batch-size", "4", "--global-batch-size", "8"], ["not allowed with"]),
+    (["train", "--batch-size", "4", "--global-batch-size", "8"], ["not both"]),
     (["train", "--device", "tpu"], ["--device", "invalid choice: 'tpu'"]),
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
 ])

@@ -5,7 +5,8 @@ import pytest
 from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import endpoint_from_env, expand_nodelist, port_for
 from ddl.settings.sites import Rendezvous, detect_site, get_site
-from ddl.launch.slurm import choose_launcher, node_launcher_command, srun_worker_env
+from ddl.launch.slurm import node_launcher_command, srun_worker_env
+from ddl.settings.plan import choose_launcher
 
 pytestmark = pytest.mark.unit
 

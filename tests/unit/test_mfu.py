@@ -33,8 +33,7 @@ def test_mfu_of_the_mnist_cnn_on_an_a100():
 def test_unknown_flops_or_peak_gives_none():
     assert mfu.mfu(None, 100.0, 1, 1e12) is None
     assert mfu.mfu(1e9, 100.0, 1, None) is None
-    assert mfu.site_peak("local") is None
-    assert mfu.site_peak("no-such-site") is None
+    assert get_site("local").device_peak_flops is None
 
 
 def test_summary_block():
@@ -51,7 +50,7 @@ def test_devices_must_be_positive():
 @pytest.mark.parametrize("site, peak", [("juwels-booster", 312e12), ("jureca-dc", 312e12),
                                         ("lumi-g", 191.5e12), ("cte-power", 125e12)])
 def test_site_peaks(site, peak):
-    assert mfu.site_peak(site) == peak
+    assert get_site(site).device_peak_flops == peak
 
 
 def test_measured_cpu_peak_is_positive():

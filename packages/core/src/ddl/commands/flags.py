@@ -30,6 +30,9 @@ def train_arguments(flags: dict[str, Any], leave_out: Collection[str] = ()) -> l
         if key == "strategy_options":  # a dict, or the (key, value) pairs argparse made
             args += [f"--strategy-option={k}={v}" for k, v in dict(value).items()]
             continue
+        if isinstance(value, bool):  # --flag / --no-flag (argparse's BooleanOptionalAction)
+            args.append(f"--{'' if value else 'no-'}{key.replace('_', '-')}")
+            continue
         if key == "mesh":
             value = ",".join(f"{k}={v}" for k, v in value.items())
         if isinstance(value, Path):

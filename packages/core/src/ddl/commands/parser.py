@@ -54,15 +54,18 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy-option", dest="strategy_options", action="append",
                    type=_key_value, default=S, metavar="KEY=VALUE",
                    help="strategy setting, repeatable (see `ddl plugins`)")
+    p.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=S,
+                   help="BatchNorm statistics over the whole global batch, not each rank's "
+                        "share (data-parallel strategies; default: off)")
     p.add_argument("--nproc", type=int, default=S,
                    help="local worker processes (default: the site's, 2 on `local`)")
     p.add_argument("--epochs", type=int, default=S, help="default: the preset's")
-    batch = p.add_mutually_exclusive_group()
-    batch.add_argument("--batch-size", type=int, default=S,
-                       help="samples per replica per step (default: the preset's)")
-    batch.add_argument("--global-batch-size", type=int, default=S,
-                       help="samples per optimizer step over all replicas; keeps runs with "
-                            "different layouts comparable")
+    # one of the two (the run configuration checks it: a config file may set either)
+    p.add_argument("--batch-size", type=int, default=S,
+                   help="samples per replica per step (default: the preset's)")
+    p.add_argument("--global-batch-size", type=int, default=S,
+                   help="samples per optimizer step over all replicas; keeps runs with "
+                        "different layouts comparable")
     p.add_argument("--lr", type=float, default=S, help="learning rate (default: the preset's)")
     p.add_argument("--lr-scaling", choices=["none", "linear"], default=S,
                    help="linear: lr x global batch / preset batch (default: none)")

@@ -99,12 +99,7 @@ def _preset_batch(flags: dict[str, Any]) -> int:
     if "strategy_options" in train:
         train["strategy_options"] = dict(train["strategy_options"])
     config = cfg.build(train, file_values, plugins).config
-    spec = plugins.workload(config.plugin)
-    preset = config.preset or spec.default_preset
-    if preset not in spec.presets:
-        raise UsageError(f"--preset: {config.plugin} has no preset {preset!r}; allowed: "
-                         f"{', '.join(spec.presets)}")
-    return spec.presets[preset].batch_size
+    return cfg.resolve_preset(config, plugins.workload(config.plugin))[1].batch_size
 
 
 def output_dir(given: Path | None, flags: dict[str, Any]) -> Path:

@@ -19,24 +19,24 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     from ddl.launch.container_launch import check_target, image_for
     from ddl.launch.submit import SubmitRequest, check_syntax, render, sbatch
     from ddl.settings import config as cfg
-    from ddl.settings.sites import get_site
+    from ddl.settings import rundir
+    from ddl.settings.plan import job_launcher
 
     plugins = Plugins()
     flags = train_flags(ns)
     file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
     built = cfg.build(flags, file_values, plugins)  # validates everything the job will get
-    config = built.config
+    config, site = built.config, built.site
     plugins.workload(config.plugin)
     plugins.strategy(config.strategy)
-    site = get_site(config.site, plugins)
     if ns.nodes < 1:
         raise UsageError(f"--nodes: must be at least 1 (got {ns.nodes})")
     if ns.gpus_per_node is not None and ns.gpus_per_node < 0:
         raise UsageError(f"--gpus-per-node: must be 0 or more (got {ns.gpus_per_node})")
-    launcher = config.launcher if config.launcher not in ("auto", "local") else site.launcher
-    if launcher == "local":
+    if config.launcher in ("auto", "local") and not site.uses_slurm:
         raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
                          + ", ".join(n for n in _slurm_sites(plugins)))
+    launcher = job_launcher(config.launcher, site)
     # The job gets the user's own flags (site, launcher, nproc, run dir are set by ddl).
     given = {"config": ns.config, **flags} if "config" in ns else flags
     forwarded = train_arguments(given, leave_out=("site", "launcher", "nproc", "run_dir"))
@@ -72,7 +72,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     path = Path(name)
     job_id = sbatch(path)
     job_name = ns.job_name or f"ddl-{config.plugin}-{config.strategy}"
-    run_dir = config.run_dir or output_dir / f"{config.plugin}-{config.strategy}-{job_id}"
+    run_dir = config.run_dir or output_dir / rundir.name(config.plugin, config.strategy, job_id)
     print(f"ddl: submitted job {job_id} to {site.name} ({ns.nodes} node(s))")
     print(f"  script:  {path}")
     print(f"  log:     {output_dir / f'{job_name}-{job_id}.out'}")

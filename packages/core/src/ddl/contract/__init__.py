@@ -5,15 +5,16 @@ The lowest layer: it imports nothing else of ddl. Plugin authors import from her
 whole public interface. The modules: hook specifications (``hookspecs``), the light specs a
 plugin registers (``specs``), the interfaces (``workload``, ``strategy``), who a process is
 (``world``), the plugin manager (``plugins``), errors, and the helpers plugins share
-(``datafiles`` for data-set installs, ``batchnorm``, ``state_names``).
+(``datafiles`` for data-set installs, ``batchnorm`` for ghost BatchNorm in pipelines,
+``state_names``).
 """
 
 from ddl.contract.errors import DataError, DataMissing, DdlError, UsageError
-from ddl.contract.hookspecs import hookimpl
+from ddl.contract.hookspecs import hook_returning, hookimpl
 from ddl.contract.specs import Preset, StrategySpec, WorkloadSpec
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 
 __all__ = ["DataError", "DataMissing", "DdlError", "Preset", "Strategy", "StrategySpec",
-           "UsageError", "Workload", "WorkloadSpec", "World", "hookimpl"]
+           "UsageError", "Workload", "WorkloadSpec", "World", "hook_returning", "hookimpl"]

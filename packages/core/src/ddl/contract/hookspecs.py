@@ -26,6 +26,18 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+def hook_returning(*specs: WorkloadSpec | StrategySpec):
+    """A registration hook that returns ``specs``, for plugins whose specs are plain data:
+    ``ddl_register_workloads = hook_returning(WORKLOAD)`` in the plugin module does what a
+    ``@hookimpl`` function returning ``[WORKLOAD]`` does (pluggy goes by the name)."""
+
+    @hookimpl
+    def registration() -> list:
+        return list(specs)
+
+    return registration
+
+
 @hookspec
 def ddl_register_workloads() -> list[WorkloadSpec]:
     """Return the workloads (model + data + loss + metrics) this plugin provides."""

@@ -73,6 +73,9 @@ class StrategySpec:
     summary: str
     factory: str | Callable[..., Any]  # called as factory(options) -> ddl.contract.strategy.Strategy
     requires: frozenset[str] = frozenset()  # workload capabilities it cannot work without
+    # --sync-bn can run: every rank holds the same layers and all ranks form the one
+    # data-parallel group (False for pipeline and tensor-parallel strategies)
+    sync_bn: bool = True
     plugin: str = ""
 
     def supports(self, workload: WorkloadSpec) -> bool:

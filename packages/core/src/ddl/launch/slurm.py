@@ -24,26 +24,8 @@ from collections.abc import Mapping
 
 from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import endpoint_from_env
+from ddl.settings.plan import in_slurm_step
 from ddl.settings.sites import SiteProfile
-
-LAUNCHERS = ("local", "srun", "torchrun", "torchrun_jsc")
-
-
-def in_slurm_step(env: Mapping[str, str] = os.environ) -> bool:
-    """True inside an ``srun`` task (not merely inside the batch script)."""
-    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
-
-
-def choose_launcher(requested: str, site: SiteProfile,
-                    env: Mapping[str, str] = os.environ) -> str:
-    """'worker' (already started by a launcher), or one of LAUNCHERS."""
-    if requested != "auto":
-        return requested
-    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        return "worker"  # e.g. started by torchrun by hand
-    if in_slurm_step(env):
-        return site.launcher if site.launcher != "local" else "srun"
-    return "local"
 
 
 def srun_worker_env(site: SiteProfile, env: Mapping[str, str] = os.environ) -> dict[str, str]:

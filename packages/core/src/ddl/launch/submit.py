@@ -29,6 +29,7 @@ from ddl import __version__
 from ddl.launch import container_launch
 from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import shell_lines
+from ddl.settings import rundir
 from ddl.settings.sites import SiteProfile
 
 SAFE_SBATCH = re.compile(r"^[A-Za-z0-9._:/+@%=,-]+$")
@@ -213,7 +214,8 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     if req.run_dir:
         run_dir = shlex.quote(str(req.run_dir))
     else:
-        run_dir = shlex.quote(f"{req.output_dir}/{req.plugin}-{req.strategy}-") + '"$SLURM_JOB_ID"'
+        run_dir = (shlex.quote(f"{req.output_dir}/{rundir.name(req.plugin, req.strategy, '')}")
+                   + '"$SLURM_JOB_ID"')
     lines.append(f"run_dir={run_dir}  # the same after a requeue: the run continues there")
     # Under a per-node launcher srun would bind only the launcher, and all its workers with
     # it: the workers bind themselves instead (worker_cores). One failed rank (or node)

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ddl.contract.errors import UsageError
+from ddl.settings.sites import SiteProfile
 from ddl.settings.validation import one_line
 
 if sys.version_info >= (3, 11):
@@ -52,6 +53,8 @@ class RunConfig(BaseModel):
         default_factory=dict, description="parallel degrees by name, e.g. {dp: 2, tp: 2}; "
         "the strategy fills in what is missing from the world size")
     microbatches: int | None = Field(None, ge=1, description="pipeline microbatches per step")
+    sync_bn: bool = Field(False, description="BatchNorm statistics over the whole global batch "
+                          "(all data-parallel ranks), not each rank's share")
     lr: float | None = Field(None, gt=0, allow_inf_nan=False,
                              description="learning rate before scaling")
     lr_scaling: Literal["none", "linear"] = Field(
@@ -98,6 +101,7 @@ class RunConfig(BaseModel):
 @dataclass(frozen=True)
 class Built:
     config: RunConfig
+    site: SiteProfile  # the profile config.site names: loaded here, once per command
     data_dir_is_default: bool  # only then may synthetic data be generated into it
     site_note: str  # which site, and why (auto-detection says what matched)
 
@@ -123,7 +127,7 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
     Preset defaults are applied by the worker, which knows the world size (see
     :func:`resolve_batch`).
     """
-    from ddl.settings.sites import detect_site, get_site, resolve_name
+    from ddl.settings.sites import detect_profile, get_site
 
     user = {**(file_values or {}), **flags}
     try:
@@ -132,22 +136,31 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
         raise UsageError(one_line(exc, RunConfig, where="")) from None
 
     if first.site == "auto":
-        name, why = detect_site(plugins)
-        site_note = f"site auto -> {name} ({why})"
-        user["site"] = name
+        site, why = detect_profile(plugins)
+        site_note = f"site auto -> {site.name} ({why})"
     else:
-        user["site"] = resolve_name(first.site, plugins)  # an alias becomes the profile's name
-        shown = first.site if first.site == user["site"] else f"{first.site} = {user['site']}"
+        site = get_site(first.site, plugins)  # an alias names the profile that lists it
+        shown = first.site if first.site == site.name else f"{first.site} = {site.name}"
         site_note = f"site {shown} (given)"
-    site = get_site(user["site"], plugins)
+    user["site"] = site.name
     merged: dict[str, Any] = site.defaults.model_dump(exclude_none=True)
     merged.update(user)
     data_dir_is_default = "data_dir" not in user
     merged.setdefault("data_dir", "data")
     try:
-        return Built(RunConfig.model_validate(merged), data_dir_is_default, site_note)
+        return Built(RunConfig.model_validate(merged), site, data_dir_is_default, site_note)
     except ValidationError as exc:
         raise UsageError(one_line(exc, RunConfig, where="")) from None
+
+
+def resolve_preset(config: RunConfig, spec) -> tuple[str, Any]:
+    """(name, Preset) of the workload preset the run uses: the one asked for, else the
+    workload's default (the course's)."""
+    name = config.preset or spec.default_preset
+    if name not in spec.presets:
+        raise UsageError(f"--preset: {config.plugin} has no preset {name!r}; allowed: "
+                         f"{', '.join(spec.presets)}")
+    return name, spec.presets[name]
 
 
 def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> tuple[int, int]:

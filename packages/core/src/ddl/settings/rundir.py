@@ -29,13 +29,20 @@ RESULTS = "results.json"
 MODEL = "model.pt"
 
 
-def default_run_dir(root: Path, plugin: str, strategy: str) -> Path:
+def name(plugin: str, strategy: str, tag: str) -> str:
+    """A run directory's name: ``<plugin>-<strategy>-<tag>``, the tag a time stamp or a job id
+    (the only place the pattern is written; ``ddl submit`` puts it in its scripts too)."""
+    return f"{plugin}-{strategy}-{tag}"
+
+
+def timestamped(root: Path, plugin: str, strategy: str) -> Path:
+    """A new directory under ``root`` named after the run and the time it started."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    candidate = root / f"{plugin}-{strategy}-{stamp}"
+    candidate = root / name(plugin, strategy, stamp)
     n = 1
     while candidate.exists():
         n += 1
-        candidate = root / f"{plugin}-{strategy}-{stamp}-{n}"
+        candidate = root / name(plugin, strategy, f"{stamp}-{n}")
     return candidate
 
 

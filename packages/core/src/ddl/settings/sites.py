@@ -263,10 +263,18 @@ def get_site(name: str, plugins=None) -> SiteProfile:
 
 
 def detect_site(plugins=None, env=None, hostname: str | None = None) -> tuple[str, str]:
-    """Pick the profile whose ``detect`` rules match this machine: (name, why).
+    """The name of the profile whose ``detect`` rules match this machine, and why."""
+    profile, why = detect_profile(plugins, env, hostname)
+    return profile.name, why
+
+
+def detect_profile(plugins=None, env=None,
+                   hostname: str | None = None) -> tuple[SiteProfile, str]:
+    """Pick the profile whose ``detect`` rules match this machine: (profile, why).
 
     Environment rules are checked before hostname patterns across all profiles, since a
     variable such as SYSTEMNAME is the more specific signal. Nothing matching: ``local``.
+    Each profile is read once (the one returned is not read again).
     """
     import fnmatch
     import socket
@@ -278,9 +286,10 @@ def detect_site(plugins=None, env=None, hostname: str | None = None) -> tuple[st
         rules = profile.detect.env
         if rules and all(env.get(k) == v for k, v in rules.items()):
             why = ", ".join(f"{k}={v}" for k, v in rules.items())
-            return profile.name, f"environment {why}"
+            return profile, f"environment {why}"
     for profile in profiles:
         for pattern in profile.detect.hostnames:
             if fnmatch.fnmatch(hostname, pattern):
-                return profile.name, f"hostname {hostname} matches {pattern!r}"
-    return "local", "no site profile matches this machine"
+                return profile, f"hostname {hostname} matches {pattern!r}"
+    local = next((p for p in profiles if p.name == "local"), None) or get_site("local", plugins)
+    return local, "no site profile matches this machine"

@@ -5,6 +5,6 @@
 ``evaluation`` and ``results`` (results.json); around it the pieces of a run:
 ``distributed`` (process group, devices), ``loaders`` (sharded data loading),
 ``precision``, ``checkpoint``, ``control`` (stop requests, guards), ``metrics``, ``memory``,
-``mfu``, ``profiling``, ``utilisation``. Imports settings and the contract, never launching
+``mfu``, ``profiling``, ``utilisation``, ``sync_bn`` (``--sync-bn``). Imports settings and the contract, never launching
 or commands. ``python -m ddl.worker`` starts one worker (torch's launchers do that).
 """

@@ -1,10 +1,11 @@
 """The one code path every training process runs, however it was started.
 
-A worker gets its run configuration either from ``RUN_DIR/config.json`` (written by a local
-``ddl train`` before it started the workers) or from the ``DDL_RUN_CONFIG`` environment
+A worker gets the run plan ``ddl train`` made (``ddl.settings.plan``: configuration, site
+profile, launcher, run directory) either from ``RUN_DIR/plan.json`` (written by a local
+``ddl train`` before it started the workers) or from the ``DDL_RUN_PLAN`` environment
 variable (set by a per-node launcher in a Slurm job, whose workers start on several nodes at
-once; rank 0 then creates the run directory). It joins the process group the launcher
-described in the environment, and trains.
+once; rank 0 then creates the run directory). It decides nothing again: it joins the
+process group the launcher described in the environment, and trains.
 
 Started as ``python -m ddl.worker [RUN_DIR]`` by the local elastic agent or torchrun, or
 called in-process by ``ddl train`` under srun.
@@ -16,14 +17,14 @@ import os
 import sys
 from pathlib import Path
 
-from ddl.settings import rundir
 from ddl.contract.errors import DdlError, UsageError
+from ddl.settings import plan as run_plan
+from ddl.settings import rundir
 
-CONFIG_ENV = "DDL_RUN_CONFIG"
-PER_NODE_ENV = "DDL_LAUNCHED_PER_NODE"  # set by a per-node launcher: workers bind their CPUs
+PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
 
-def _create_run_dir_on_rank0(config, world) -> None:
+def _create_run_dir_on_rank0(plan, world) -> None:
     """Rank 0 creates the run directory; every rank learns whether that worked, so a refusal
     stops all ranks with the same message instead of leaving them waiting."""
     import torch.distributed as dist
@@ -31,8 +32,8 @@ def _create_run_dir_on_rank0(config, world) -> None:
     problem = None
     if world.is_main:
         try:
-            rundir.create(config.run_dir, config.resume)
-            rundir.write_json(config.run_dir / rundir.CONFIG, config.model_dump(mode="json"))
+            rundir.create(plan.run_dir, plan.config.resume)
+            run_plan.write(plan)
         except UsageError as exc:
             problem = str(exc)
     if world.size > 1:
@@ -43,43 +44,40 @@ def _create_run_dir_on_rank0(config, world) -> None:
         raise UsageError(problem)
 
 
-def run(config, *, create_run_dir: bool) -> None:
+def run(plan, *, create_run_dir: bool) -> None:
+    from ddl.contract.plugins import Plugins
     from ddl.worker.checkpoint import latest
     from ddl.worker.distributed import close_world, init_world
-    from ddl.contract.plugins import Plugins
-    from ddl.settings.sites import get_site
     from ddl.worker.trainer import train
 
+    config = plan.config
     restarts = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                    int(os.environ.get("SLURM_RESTART_COUNT", 0)))
     if restarts and config.resume != "auto" and (
-            config.resume == "none" or latest(Path(config.run_dir)) is not None):
+            config.resume == "none" or latest(plan.run_dir) is not None):
         # Restarted by the launcher or requeued by Slurm: continue from the newest
         # checkpoint of this run (not from where it first started, nor from scratch).
-        config = config.model_copy(update={"resume": "auto"})
-    plugins = Plugins()
-    site = get_site(config.site, plugins)
+        plan = plan.model_copy(update={"config": config.model_copy(update={"resume": "auto"})})
+    site = plan.site
     bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
-                     os.environ.get(PER_NODE_ENV) == "1")
-    world = init_world(config.device, site.accelerator, site.backend,
-                       rendezvous_timeout_s=config.rendezvous_timeout)
+                     plan.launcher in PER_NODE_LAUNCHERS)
+    world = init_world(plan.config.device, site.accelerator, site.backend,
+                       rendezvous_timeout_s=plan.config.rendezvous_timeout)
     try:
         if create_run_dir:
-            _create_run_dir_on_rank0(config, world)
-        train(config, world, plugins, Path(config.run_dir))
+            _create_run_dir_on_rank0(plan, world)
+        train(plan, world, Plugins())
     finally:
         close_world()
 
 
-def load_config(args: list[str]):
-    from ddl.settings.config import RunConfig
-
-    if os.environ.get(CONFIG_ENV):
-        return RunConfig.model_validate_json(os.environ[CONFIG_ENV]), True
+def load_plan(args: list[str]):
+    """(the run plan, whether this worker's rank 0 must create the run directory)."""
+    if os.environ.get(run_plan.PLAN_ENV):
+        return run_plan.RunPlan.model_validate_json(os.environ[run_plan.PLAN_ENV]), True
     if len(args) != 1:
-        raise UsageError(f"usage: python -m ddl.worker RUN_DIR (or set {CONFIG_ENV})")
-    config = RunConfig.model_validate_json((Path(args[0]) / rundir.CONFIG).read_text())
-    return config, False
+        raise UsageError(f"usage: python -m ddl.worker RUN_DIR (or set {run_plan.PLAN_ENV})")
+    return run_plan.read(Path(args[0])), False
 
 
 def exit_now(code: int) -> None:
@@ -106,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     rank = int(os.environ.get("RANK", 0))
     try:
-        config, create = load_config(args)
-        run(config, create_run_dir=create)
+        plan, create = load_plan(args)
+        run(plan, create_run_dir=create)
     except UsageError as exc:
         if rank == 0:  # the same on every rank; say it once
             print(f"ddl: error: {exc}", file=sys.stderr, flush=True)

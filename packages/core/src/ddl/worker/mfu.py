@@ -34,17 +34,6 @@ def mfu(flops_per_sample: float | None, samples_per_s: float, devices: int,
                                      devices) / peak_flops_per_device
 
 
-def site_peak(site: str, plugins=None) -> float | None:
-    """The profile's per-device peak, None if the profile has none (e.g. ``local``)."""
-    from ddl.contract.errors import UsageError
-    from ddl.settings.sites import get_site
-
-    try:
-        return get_site(site, plugins).device_peak_flops
-    except UsageError:
-        return None
-
-
 def summary(flops_per_sample: float | None, samples_per_s: float, devices: int,
             peak_flops_per_device: float | None, peak_source: str) -> dict[str, Any]:
     """The ``mfu`` block of results.json and of a scaling point."""

@@ -20,8 +20,8 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
-from ddl.settings.config import RunConfig, resolve_batch, scaled_lr
-from ddl.worker import checkpoint
+from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
+from ddl.worker import checkpoint, sync_bn
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
 from ddl.worker.precision import Precision
@@ -53,14 +53,11 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
         raise UsageError(f"--strategy {sspec.name}: workload {wspec.name} does not provide "
                          f"{', '.join(missing)} ({CAPABILITIES[missing[0]]}); workloads that "
                          f"support {sspec.name}: {', '.join(able) or 'none installed'}")
-    preset_name = config.preset or wspec.default_preset
-    if preset_name not in wspec.presets:
-        raise UsageError(f"--preset: {config.plugin} has no preset {preset_name!r}; allowed: "
-                         f"{', '.join(wspec.presets)}")
-    preset = wspec.presets[preset_name]
+    preset_name, preset = resolve_preset(config, wspec)
     workload: Workload = wspec.create(preset)
     strategy: Strategy = sspec.create(config.strategy_options)
     strategy.configure(config)
+    sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
     strategy.check(workload, world)
     dp_size = strategy.data_parallel_size(world)
     per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
@@ -129,6 +126,8 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
 
     seed_all(config.seed)  # identical initial weights on every rank
     model = workload.build_model()
+    if config.sync_bn:  # before wrapping: strategies shard or split what they are given
+        model = sync_bn.apply(model, world)
     # counted before wrapping: a pipeline rank keeps only its own stages afterwards
     parameters = sum(p.numel() for p in model.parameters())
     model = strategy.wrap(model, world)

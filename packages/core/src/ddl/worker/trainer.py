@@ -14,7 +14,6 @@ initialisation, data caching), so it is marked ``warmup`` and left out of the su
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -24,22 +23,23 @@ import torch
 from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
 from ddl.settings import rundir
-from ddl.settings.config import RunConfig
-from ddl.worker import checkpoint, mfu, profiling, results, resume, utilisation
+from ddl.settings.plan import RunPlan
+from ddl.worker import checkpoint, profiling, results, resume, utilisation
 from ddl.worker.control import StepGuard
 from ddl.worker.epoch import train_epoch, validate
 from ddl.worker.evaluation import evaluate, fmt
 from ddl.worker.memory import gather, rank_memory
 from ddl.worker.setup import Layout, Run, build, set_up
 
-__all__ = ["Layout", "build", "evaluate", "loader_workers", "train"]
+__all__ = ["Layout", "build", "evaluate", "train"]
 
 
-def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> dict[str, Any]:
-    """Train as configured; returns results.json's content, or {} when stopped early (a
+def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
+    """Train as planned; returns results.json's content, or {} when stopped early (a
     checkpoint then holds the state to resume from)."""
     started = time.time()
-    run = set_up(config, world, plugins, run_dir, workers=loader_workers(config, world))
+    config, run_dir = plan.config, plan.run_dir
+    run = set_up(config, world, plugins, run_dir, workers=plan.loader_workers)
     begin = resume.start(run)  # step, epoch and batch to begin at; earlier epochs' records
 
     guard = StepGuard(world, run_dir)  # stop on a signal, a stop file or a non-finite loss
@@ -63,12 +63,13 @@ def train(config: RunConfig, world: World, plugins: Plugins, run_dir: Path) -> d
         run.save_checkpoint(epoch + 1, 0)  # epoch end: a resume starts the next epoch
 
     profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
-    return _finish(run, plugins, begin, epochs, started, profile, used)
+    return _finish(run, plugins, begin, epochs, started, profile, used,
+                   peak_flops=plan.site.device_peak_flops)
 
 
 def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],
             started: float, profile: dict[str, Any] | None,
-            used: dict[str, Any]) -> dict[str, Any]:
+            used: dict[str, Any], peak_flops: float | None) -> dict[str, Any]:
     """Test, export the full weights and write results.json (rank 0). Every rank calls it:
     the test metrics, memory, weights and per-rank reports are gathered collectively."""
     config, world, workload, strategy, model = (run.config, run.world, run.workload,
@@ -90,25 +91,12 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
-        peak_flops=mfu.site_peak(config.site, plugins))
+        peak_flops=peak_flops)
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)
         run.say(f"results: {run.run_dir / rundir.RESULTS}")
     return document
-
-
-def loader_workers(config: RunConfig, world: World) -> int:
-    """DataLoader worker processes per rank: as configured, else from the Slurm allocation
-    (the JSC course sizes them from SLURM_CPUS_PER_TASK), keeping one core for the rank."""
-    if config.workers is not None:
-        return config.workers
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK", "0"))
-    if not cpus:
-        return 0
-    per_node_launcher = os.environ.get("DDL_LAUNCHED_PER_NODE") == "1"
-    per_rank = cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if per_node_launcher else cpus
-    return max(0, min(8, per_rank - 1))
 
 
 def _banner(run: Run) -> str:

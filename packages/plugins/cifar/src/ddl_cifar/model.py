@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Cross-replica BN (tiny-syncbn) and ghost BN (tiny-ghostbn) live in the core, shared with
-# the Imagewoof workload.
-from ddl.contract.batchnorm import CrossReplicaBatchNorm2d, convert
+# Ghost BN (tiny-ghostbn) lives in the contract, shared with the Imagewoof workload; BN over
+# all data-parallel ranks is the core's --sync-bn (ddl.worker.sync_bn).
+from ddl.contract.batchnorm import convert
 
 KERAS_BN_EPS = 1.001e-5
 EXPANSION = 4  # bottleneck: the block's output has 4x the filters of its 3x3 convolution
@@ -78,9 +78,8 @@ RESNET50 = Arch(blocks=(3, 4, 6, 3))
 RESNET152 = Arch(blocks=(3, 8, 36, 3))
 
 
-def _bn(channels: int, momentum: float, sync: bool) -> nn.BatchNorm2d:
-    cls = CrossReplicaBatchNorm2d if sync else nn.BatchNorm2d
-    return cls(channels, eps=KERAS_BN_EPS, momentum=momentum)
+def _bn(channels: int, momentum: float) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, eps=KERAS_BN_EPS, momentum=momentum)
 
 
 class PreActBottleneck(nn.Module):
@@ -88,18 +87,18 @@ class PreActBottleneck(nn.Module):
     added to the shortcut."""
 
     def __init__(self, in_ch: int, filters: int, stride: int, projection: bool,
-                 bn_momentum: float, sync_bn: bool) -> None:
+                 bn_momentum: float) -> None:
         super().__init__()
         out_ch = EXPANSION * filters
         self.stride = stride
-        self.preact_bn = _bn(in_ch, bn_momentum, sync_bn)
+        self.preact_bn = _bn(in_ch, bn_momentum)
         # The projection sees the pre-activated input (He et al. 2016, fig. 1b / Keras).
         self.shortcut = (nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=True)
                          if projection else None)
         self.conv1 = nn.Conv2d(in_ch, filters, 1, bias=False)
-        self.bn1 = _bn(filters, bn_momentum, sync_bn)
+        self.bn1 = _bn(filters, bn_momentum)
         self.conv2 = nn.Conv2d(filters, filters, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = _bn(filters, bn_momentum, sync_bn)
+        self.bn2 = _bn(filters, bn_momentum)
         self.conv3 = nn.Conv2d(filters, out_ch, 1, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,9 +131,9 @@ class Stem(nn.Module):
 class Head(nn.Module):
     """Final BN-ReLU ("post_bn"), global average pooling, dense layer (logits)."""
 
-    def __init__(self, channels: int, num_classes: int, bn_momentum: float, sync_bn: bool):
+    def __init__(self, channels: int, num_classes: int, bn_momentum: float):
         super().__init__()
-        self.post_bn = _bn(channels, bn_momentum, sync_bn)
+        self.post_bn = _bn(channels, bn_momentum)
         self.fc = nn.Linear(channels, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,16 +142,15 @@ class Head(nn.Module):
 
 
 class ResNetV2(nn.Module):
-    def __init__(self, arch: Arch = RESNET50, bn_momentum: float = 0.01,
-                 sync_bn: bool = False) -> None:
+    def __init__(self, arch: Arch = RESNET50, bn_momentum: float = 0.01) -> None:
         super().__init__()
         self.arch = arch
         self.stem = Stem(arch.stem)
         stages: list[list[nn.Module]] = [[] for _ in arch.blocks]
         for s, _, in_ch, f, stride, projection in arch.block_plan():
-            stages[s].append(PreActBottleneck(in_ch, f, stride, projection, bn_momentum, sync_bn))
+            stages[s].append(PreActBottleneck(in_ch, f, stride, projection, bn_momentum))
         self.stages = nn.Sequential(*(nn.Sequential(*blocks) for blocks in stages))
-        self.head = Head(EXPANSION * arch.filters[-1], arch.num_classes, bn_momentum, sync_bn)
+        self.head = Head(EXPANSION * arch.filters[-1], arch.num_classes, bn_momentum)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -261,8 +259,7 @@ def train_flops_per_sample(arch: Arch, size: int) -> float:
 
 
 def build(options) -> ResNetV2:
-    net = ResNetV2(Arch.from_options(options), bn_momentum=float(options.get("bn_momentum", 0.01)),
-                   sync_bn=bool(options.get("sync_bn", False)))
+    net = ResNetV2(Arch.from_options(options), bn_momentum=float(options.get("bn_momentum", 0.01)))
     if options.get("bn_group"):  # statistics per fixed group of samples (pipeline equivalence)
         net = convert(net, "ghost", int(options["bn_group"]))
     return net

@@ -1,6 +1,6 @@
 """Registration of the CIFAR-10 workload (no torch import here: listing must stay fast)."""
 
-from ddl.contract.hookspecs import hookimpl
+from ddl.contract.hookspecs import hook_returning
 from ddl.contract.specs import Preset, WorkloadSpec
 
 # The course (BSC CTE-POWER, ResNet50.py / ResNet50.sh): Keras ResNet50V2, 128x128 input,
@@ -29,32 +29,18 @@ PRESETS = {
                  "train_samples": 4500, "eval_samples": 500},
     ),
 }
-# The same with BatchNorm statistics over the whole global batch (ddl.contract.batchnorm's
-# CrossReplicaBatchNorm2d): then N data-parallel ranks compute what one process does, which
-# the tests check. Plain BN (every other preset, and the course's Keras) normalises each
-# replica's share on its own.
-PRESETS["tiny-syncbn"] = Preset(
-    name="tiny-syncbn", summary="tiny with BatchNorm synchronised over data-parallel ranks",
-    epochs=PRESETS["tiny"].epochs, batch_size=PRESETS["tiny"].batch_size, lr=PRESETS["tiny"].lr,
-    options={**PRESETS["tiny"].options, "sync_bn": True})
-# The same with BatchNorm statistics per fixed group of 8 samples (ddl.contract.batchnorm's
+# tiny with BatchNorm statistics per fixed group of 8 samples (ddl.contract.batchnorm's
 # GhostBatchNorm2d): a pipeline's microbatches of 8, 16, ... samples are then normalised as
-# in one process.
+# in one process. (Over data-parallel ranks the same is `--preset tiny --sync-bn`.)
 PRESETS["tiny-ghostbn"] = Preset(
     name="tiny-ghostbn", summary="tiny with BatchNorm over fixed groups of 8 samples (pipelines)",
     epochs=PRESETS["tiny"].epochs, batch_size=PRESETS["tiny"].batch_size, lr=PRESETS["tiny"].lr,
     options={**PRESETS["tiny"].options, "bn_group": 8})
 
 
-@hookimpl
-def ddl_register_workloads():
-    return [
-        WorkloadSpec(
-            name="cifar",
-            summary="CIFAR-10, ResNet50 v2 (pre-activation) of the BSC CTE-POWER course",
-            factory="ddl_cifar.workload:CifarWorkload",
-            presets=PRESETS,
-            default_preset="course",
-            capabilities=frozenset({"fsdp_units", "pipeline_splits"}),
-        ),
-    ]
+# the hook ddl calls to list the workloads of this plugin
+ddl_register_workloads = hook_returning(WorkloadSpec(
+    name="cifar", factory="ddl_cifar.workload:CifarWorkload",
+    summary="CIFAR-10, ResNet50 v2 (pre-activation) of the BSC CTE-POWER course",
+    presets=PRESETS, default_preset="course",
+    capabilities=frozenset({"fsdp_units", "pipeline_splits"})))

@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddl.contract.errors import UsageError
 from ddl.contract.workload import Workload
 from ddl_cifar import data, model
 
@@ -101,10 +100,6 @@ class CifarWorkload(Workload):
         """The core's default cuts top-level children only; the split points here are one
         level down (``stages.i``), so cut with :func:`model.pipeline_pieces`, choosing the
         points as the core does (spread evenly)."""
-        if self.preset.options.get("sync_bn"):
-            raise UsageError("--preset: BatchNorm synchronised over all ranks (sync_bn) cannot "
-                             "run in a pipeline, where each rank holds different layers; "
-                             "use a preset without sync_bn, e.g. tiny")
         splits = self.pipeline_splits(net)
         if n_stages - 1 > len(splits):
             return super().pipeline_stages(net, n_stages)  # raises the core's clear error

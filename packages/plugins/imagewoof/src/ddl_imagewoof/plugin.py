@@ -1,6 +1,6 @@
 """Registration of the Imagewoof workload (no torch import here: listing must stay fast)."""
 
-from ddl.contract.hookspecs import hookimpl
+from ddl.contract.hookspecs import hook_returning
 from ddl.contract.specs import Preset, WorkloadSpec
 
 PRESETS = {
@@ -19,14 +19,14 @@ PRESETS = {
     ),
 }
 # tiny made comparable across layouts, for the equivalence tests: no random augmentation
-# (crops would come from each rank's own random stream), fewer evaluation images, and
-# BatchNorm that does not depend on how the batch is cut (ddl.contract.batchnorm): statistics over
-# all data-parallel ranks (syncbn) or over fixed groups of 8 samples for pipelines (ghostbn).
+# (crops would come from each rank's own random stream) and fewer evaluation images. BatchNorm
+# must not depend on how the batch is cut either: over data-parallel ranks that is
+# `--preset tiny-exact --sync-bn`; for pipelines tiny-ghostbn takes statistics over fixed
+# groups of 8 samples (ddl.contract.batchnorm).
 # lr 5e-4: at tiny's 2e-3, 3 AdamW steps grow the rounding of a different summation order
 # (N ranks' gradient sums vs one) to 1e-3 in some weights; at 5e-4 it stays below 1e-6.
 _EXACT = {**PRESETS["tiny"].options, "augment": False, "eval_samples": 100}
-for _name, _bn, _what in [("tiny-syncbn", {"batchnorm": "cross_replica"},
-                           "BatchNorm over all data-parallel ranks"),
+for _name, _bn, _what in [("tiny-exact", {}, "plain BatchNorm"),
                           ("tiny-ghostbn", {"batchnorm": "ghost", "bn_group": 8},
                            "BatchNorm over fixed groups of 8 samples (pipelines)")]:
     PRESETS[_name] = Preset(
@@ -35,15 +35,9 @@ for _name, _bn, _what in [("tiny-syncbn", {"batchnorm": "cross_replica"},
         lr=5e-4, options={**_EXACT, **_bn})
 
 
-@hookimpl
-def ddl_register_workloads():
-    return [
-        WorkloadSpec(
-            name="imagewoof",
-            summary="Imagewoof 320 px (10 dog breeds), fastai-style xresnet50 of the JSC talk",
-            factory="ddl_imagewoof.workload:ImagewoofWorkload",
-            presets=PRESETS,
-            default_preset="course",
-            capabilities=frozenset({"fsdp_units", "pipeline_splits"}),
-        ),
-    ]
+# the hook ddl calls to list the workloads of this plugin
+ddl_register_workloads = hook_returning(WorkloadSpec(
+    name="imagewoof", factory="ddl_imagewoof.workload:ImagewoofWorkload",
+    summary="Imagewoof 320 px (10 dog breeds), fastai-style xresnet50 of the JSC talk",
+    presets=PRESETS, default_preset="course",
+    capabilities=frozenset({"fsdp_units", "pipeline_splits"})))

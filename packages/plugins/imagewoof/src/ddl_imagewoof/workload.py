@@ -23,11 +23,12 @@ What this workload does (and where it differs, see docs/workloads/imagewoof.md):
   with seed + r), so a 2-rank run sees other crops than a 1-rank run on the same samples:
   runs of different layouts match in data order, not in pixels. DataLoader workers derive
   their seeds from it (torch's default), so crops also depend on the number of workers.
-  The ``augment=False`` option (presets tiny-syncbn, tiny-ghostbn) trains on the eval
+  The ``augment=False`` option (presets tiny-exact, tiny-ghostbn) trains on the eval
   transform instead.
-* BatchNorm is per rank and per microbatch, as in fastai. The ``batchnorm`` option swaps in
-  a variant from :mod:`ddl.contract.batchnorm` (``cross_replica``, or ``ghost`` with ``bn_group``)
-  so that runs of any layout compute what one process does (the equivalence tests).
+* BatchNorm is per rank and per microbatch, as in fastai. ``--sync-bn`` (the core's) takes
+  its statistics over all data-parallel ranks; the ``batchnorm="ghost"`` option with
+  ``bn_group`` swaps in :mod:`ddl.contract.batchnorm`'s ghost BN for pipelines, so that runs
+  of any layout compute what one process does (the equivalence tests).
 * Optimizer: fastai's default, Adam with decoupled weight decay (= AdamW, betas
   (0.9, 0.99), eps 1e-5, weight decay 0.01, none on BatchNorm and bias parameters), at a
   constant learning rate 1e-3 (the course uses ``fit_flat_cos``; see the docs for why the
@@ -44,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Subset
 
-from ddl.contract.errors import DataError, UsageError
+from ddl.contract.errors import DataError
 from ddl.contract.workload import Workload
 from ddl_imagewoof import data
 from ddl_imagewoof.model import XResNet, XResNetConfig, scaled_config, train_flops_per_sample
@@ -164,13 +165,6 @@ class ImagewoofWorkload(Workload):
     def pipeline_splits(self, model: nn.Module) -> list[str]:
         """Stage boundaries: stem + stage1 | stage2 | stage3 | stage4 + head."""
         return ["stage2", "stage3", "stage4"]
-
-    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
-        if self.batchnorm == "cross_replica":  # its all-reduces expect every rank's BN layers
-            raise UsageError("--preset: BatchNorm over all ranks (batchnorm=cross_replica) "
-                             "cannot run in a pipeline, where each rank holds other layers; "
-                             "use tiny-ghostbn or tiny")
-        return super().pipeline_stages(model, n_stages)
 
 
 def _unwrap(model: nn.Module) -> XResNet:

@@ -1,6 +1,6 @@
 """Registration of the MNIST workload (no torch import here: listing must stay fast)."""
 
-from ddl.contract.hookspecs import hookimpl
+from ddl.contract.hookspecs import hook_returning
 from ddl.contract.specs import Preset, WorkloadSpec
 
 PRESETS = {
@@ -18,15 +18,9 @@ PRESETS = {
 }
 
 
-@hookimpl
-def ddl_register_workloads():
-    return [
-        WorkloadSpec(
-            name="mnist",
-            summary="MNIST digits, CNN of the BSC CTE-POWER course (conv 5x5 x2, dense 10)",
-            factory="ddl_mnist.workload:MnistWorkload",
-            presets=PRESETS,
-            default_preset="course",
-            capabilities=frozenset({"fsdp_units", "pipeline_splits"}),
-        ),
-    ]
+# the hook ddl calls to list the workloads of this plugin
+ddl_register_workloads = hook_returning(WorkloadSpec(
+    name="mnist", factory="ddl_mnist.workload:MnistWorkload",
+    summary="MNIST digits, CNN of the BSC CTE-POWER course (conv 5x5 x2, dense 10)",
+    presets=PRESETS, default_preset="course",
+    capabilities=frozenset({"fsdp_units", "pipeline_splits"})))

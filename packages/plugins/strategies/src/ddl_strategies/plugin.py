@@ -28,18 +28,18 @@ def ddl_register_strategies():
             summary="pipeline parallel (torch.distributed.pipelining): stages over ranks, "
                     "GPipe/1F1B/interleaved schedules",
             factory="ddl_strategies.pp:PipelineStrategy",
-            requires=frozenset({"pipeline_splits"}),
+            requires=frozenset({"pipeline_splits"}), sync_bn=False,  # ranks hold other layers
         ),
         StrategySpec(
             name="tp",
             summary="tensor parallel (DTensor, Megatron-style column/row splits)",
             factory="ddl_strategies.tp:TensorParallelStrategy",
-            requires=frozenset({"tp_plan"}),
+            requires=frozenset({"tp_plan"}), sync_bn=False,  # dp group < world
         ),
         StrategySpec(
             name="fsdp+tp",
             summary="2-D: FSDP over --mesh dp x tensor parallel over tp",
             factory="ddl_strategies.fsdp_tp:FSDPTensorParallelStrategy",
-            requires=frozenset({"tp_plan"}),
+            requires=frozenset({"tp_plan"}), sync_bn=False,  # dp group < world
         ),
     ]

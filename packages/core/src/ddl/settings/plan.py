@@ -1,0 +1,150 @@
+"""The run plan: what ``ddl train`` decides before any worker starts, decided once.
+
+:func:`make_plan` turns the merged configuration (:func:`ddl.settings.config.build`, which
+loads the site profile) into one :class:`RunPlan`: the site profile, how the workers start
+(the launcher), how many there are (per node, nodes, world size), the run directory and the
+DataLoader processes per rank. The launcher hands the plan to the workers - in
+``RUN_DIR/plan.json`` for local runs, in the ``DDL_RUN_PLAN`` variable for per-node
+launchers whose workers start on several nodes at once - and they read it instead of
+deciding again.
+
+Only the environment of the process that makes the plan is read here (Slurm's variables,
+torchrun's); nothing imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ddl.contract.errors import UsageError
+from ddl.settings import rundir
+from ddl.settings.config import Built, RunConfig
+from ddl.settings.sites import SiteProfile
+
+Launcher = Literal["local", "worker", "srun", "torchrun", "torchrun_jsc"]
+PLAN_FILE = "plan.json"
+PLAN_ENV = "DDL_RUN_PLAN"
+MAX_LOADER_WORKERS = 8
+
+
+class RunPlan(BaseModel):
+    """One run, fully decided. ``config.run_dir`` and ``config.data_dir`` are absolute."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config: RunConfig
+    site: SiteProfile
+    site_note: str  # which site, and why (auto-detection says what matched)
+    launcher: Launcher  # 'worker': this process was started as a rank by someone else
+    nproc_per_node: int
+    nnodes: int
+    world_size: int
+    loader_workers: int  # DataLoader processes per rank
+    data_dir_is_default: bool  # only then may synthetic data be generated into it
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.config.run_dir is not None
+        return self.config.run_dir
+
+
+def in_slurm_step(env: Mapping[str, str] = os.environ) -> bool:
+    """True inside an ``srun`` task (not merely inside the batch script)."""
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+
+
+def job_launcher(requested: str, site: SiteProfile) -> str:
+    """How a Slurm job of this site starts its workers: as asked, else the site's style
+    (srun for a profile without one)."""
+    if requested not in ("auto", "local"):
+        return requested
+    return site.launcher if site.launcher != "local" else "srun"
+
+
+def choose_launcher(requested: str, site: SiteProfile,
+                    env: Mapping[str, str] = os.environ) -> str:
+    """'worker' (already started by a launcher), or how to start the workers from here."""
+    if requested != "auto":
+        return requested
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        return "worker"  # e.g. started by torchrun by hand
+    if in_slurm_step(env):
+        return job_launcher(requested, site)
+    return "local"
+
+
+def _env_int(env: Mapping[str, str], names: tuple[str, ...], launcher: str) -> int:
+    for name in names:
+        if env.get(name, "").split("(")[0].isdigit():  # SLURM_NTASKS_PER_NODE: "4(x2)"
+            return int(env[name].split("(")[0])
+    raise UsageError(f"--launcher {launcher}: {' or '.join(names)} not set; run it as a task "
+                     "its launcher started (an srun task inside a Slurm job)")
+
+
+def loader_workers(configured: int | None, launcher: str, nproc_per_node: int,
+                   env: Mapping[str, str] = os.environ) -> int:
+    """DataLoader processes per rank: as configured, else from the Slurm allocation (the JSC
+    course sizes them from SLURM_CPUS_PER_TASK), keeping one core for the rank itself.
+    Under a per-node launcher one Slurm task holds the CPUs of all the node's ranks."""
+    if configured is not None:
+        return configured
+    cpus = int(env.get("SLURM_CPUS_PER_TASK", "0") or 0)
+    if not cpus:
+        return 0
+    per_rank = cpus // nproc_per_node if launcher in ("torchrun", "torchrun_jsc") else cpus
+    return max(0, min(MAX_LOADER_WORKERS, per_rank - 1))
+
+
+def make_plan(built: Built, env: Mapping[str, str] = os.environ,
+              runs: Path = Path("runs")) -> RunPlan:
+    """Decide launcher, world size, run directory and loader workers for ``built``."""
+    config, site = built.config, built.site
+    launcher = choose_launcher(config.launcher, site, env)
+    nodes = int(env.get("SLURM_NNODES", env.get("SLURM_JOB_NUM_NODES", "1")))
+    if launcher == "local":
+        nproc, nnodes, world_size = config.nproc or 1, 1, config.nproc or 1
+    elif launcher == "worker":  # torchrun's variables describe the world
+        world_size = _env_int(env, ("WORLD_SIZE",), launcher)
+        nproc = _env_int(env, ("LOCAL_WORLD_SIZE", "WORLD_SIZE"), launcher)
+        nnodes = max(1, world_size // nproc)
+    elif launcher == "srun":  # one task per rank
+        world_size = _env_int(env, ("SLURM_NTASKS",), launcher)
+        nproc = _env_int(env, ("SLURM_NTASKS_PER_NODE",), launcher) \
+            if "SLURM_NTASKS_PER_NODE" in env else 1
+        nnodes = nodes
+    else:  # one launcher task per node, starting nproc workers each
+        nproc, nnodes = config.nproc or 1, nodes
+        world_size = nproc * nnodes
+
+    if config.run_dir is not None:
+        run_dir = config.run_dir
+    elif launcher == "local":
+        run_dir = rundir.timestamped(runs, config.plugin, config.strategy)
+    else:  # every task of the job must arrive at the same name: the job's id
+        job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID", "job")
+        run_dir = runs / rundir.name(config.plugin, config.strategy, job)
+    config = config.model_copy(update={"run_dir": Path(run_dir).resolve(),
+                                       "data_dir": Path(config.data_dir or "data").resolve(),
+                                       "nproc": nproc})
+    return RunPlan(config=config, site=site, site_note=built.site_note, launcher=launcher,
+                   nproc_per_node=nproc, nnodes=nnodes, world_size=world_size,
+                   loader_workers=loader_workers(config.workers, launcher, nproc, env),
+                   data_dir_is_default=built.data_dir_is_default)
+
+
+def write(plan: RunPlan) -> Path:
+    """``RUN_DIR/plan.json`` (the workers' copy) and ``RUN_DIR/config.json`` (the merged
+    configuration, as users read it)."""
+    rundir.write_json(plan.run_dir / rundir.CONFIG, plan.config.model_dump(mode="json"))
+    path = plan.run_dir / PLAN_FILE
+    rundir.write_json(path, plan.model_dump(mode="json"))
+    return path
+
+
+def read(run_dir: Path) -> RunPlan:
+    return RunPlan.model_validate_json((Path(run_dir) / PLAN_FILE).read_text())
