@@ -4,7 +4,11 @@ Model: Conv 32 5x5 + ReLU, MaxPool 2, Conv 64 5x5 + ReLU, MaxPool 2, Dense 10 â€
 Keras model in PyTorch ('valid' convolutions: 28 -> 24 -> 12 -> 8 -> 4). The course trains
 5 epochs at batch 100 and reports ~96.7 % test accuracy on the real MNIST.
 
-Data: torchvision's MNIST class reading the official idx files (``<data>/MNIST/raw``). MNIST
+Data: torchvision's MNIST class reading the official idx files (``<data>/MNIST/raw``), the
+images then converted and normalised once, as one batch, into a float tensor
+(:class:`DecodedImages`; 188 MB for the 60k training images). The same torchvision
+transform as per sample, so the values are the same bits; a sample is then an index into a
+tensor instead of a per-sample transform (measured: docs/testing.md). MNIST
 has no validation split, so the last 10 % of the training file is held out as ``val``
 (fixed, not shuffled), like Keras' ``validation_split``.
 
@@ -44,6 +48,21 @@ class MnistCNN(nn.Module):
         return self.head(self.flatten(self.block2(self.block1(x))))
 
 
+class DecodedImages(torch.utils.data.Dataset):
+    """A torchvision image data set held in memory, its images transformed once as one
+    batch: ``(image, label)`` like the data set it was made from."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, transform) -> None:
+        self.images = transform(images.unsqueeze(1)).as_subclass(torch.Tensor)  # N x 1 x H x W
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.images[index], int(self.targets[index])
+
+
 class MnistWorkload(Workload):
     data_module = "ddl_mnist.data"
     synthetic_module = "ddl_mnist.synthetic"
@@ -54,9 +73,10 @@ class MnistWorkload(Workload):
 
         transform = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                                 v2.Normalize((MEAN,), (STD,))])
-        full_train = datasets.MNIST(str(data_dir), train=True, transform=transform)
-        test = datasets.MNIST(str(data_dir), train=False, transform=transform)
-        return self.holdout_splits(full_train, test, VAL_FRACTION)
+        full_train, test = (datasets.MNIST(str(data_dir), train=train) for train in (True, False))
+        return self.holdout_splits(DecodedImages(full_train.data, full_train.targets, transform),
+                                   DecodedImages(test.data, test.targets, transform),
+                                   VAL_FRACTION)
 
     def build_model(self) -> nn.Module:
         return MnistCNN(tuple(self.preset.options.get("channels", (32, 64))))
