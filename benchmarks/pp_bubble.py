@@ -147,6 +147,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     world = init_world("cpu", "cpu", "gloo")
     strategy = PipelineStrategy({"schedule": schedule})
     strategy.configure(SimpleNamespace(microbatches=microbatches))
+    strategy.parallel = strategy.resolve_layout({}, world.size)  # one pipeline, as the trainer
     # interleaved schedules hold v stages per rank: one equal block per stage
     workload = _toy_workload(replace(settings, stages=settings.stages * strategy.v))
     strategy.check(workload, world)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.distributed
       "schedule=interleaved1f1b", "--strategy-option", "stages_per_rank=3"],
      ["6 pipeline stages need 5 split points", "at most 4 stages"]),  # MNIST: 4 children
     (["--strategy", "pp", "--nproc", "4", "--mesh", "dp=3"],
-     ["--mesh: dp=3 x pp=1 does not make a pipeline of the 4 processes", "dp x pp"]),
+     ["--mesh: dp_replicate=3 does not divide the world of 4 processes", "divides 4"]),
     (["--strategy", "ddp", "--nproc", "2", "--mesh", "dp=2,pp=2"],  # would be ignored
      ["--mesh: ddp has no dimension 'dp'", "allowed: none"]),
     (["--strategy", "fsdp", "--nproc", "2", "--microbatches", "4"],

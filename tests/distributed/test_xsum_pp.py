@@ -99,7 +99,9 @@ def test_stages_compose_to_the_model(cuts):
 def test_matches_one_process(tmp_path, xsum_data, single, nproc, extra, stages, dp):
     ref_results, ref, ref_losses = single
     results, weights, losses = _train(tmp_path, xsum_data, nproc, "pp", *extra)
-    assert results["world"] == {**ref_results["world"], "size": nproc, "dp_size": dp}
+    assert results["world"] == {**ref_results["world"], "size": nproc, "dp_size": dp,
+                                "parallel": {"pp": nproc // dp, "dp_replicate": dp,
+                                             "dp_shard": 1, "tp": 1}}
     report = results["strategy_report"]
     assert report["stages"] == stages and report["microbatches"] == 2 * stages
 

@@ -22,6 +22,7 @@ GPU_WORLD = World(rank=0, local_rank=0, size=2, device=torch.device("cuda", 0), 
 def _check(precision: str) -> None:
     strategy = PipelineStrategy()
     strategy.configure(SimpleNamespace(precision=precision, mesh={}, microbatches=None))
+    strategy.parallel = strategy.resolve_layout({}, GPU_WORLD.size)  # as the trainer does
     strategy.check(workload=None, world=GPU_WORLD)
 
 

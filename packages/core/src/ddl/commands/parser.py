@@ -48,7 +48,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--site", default=S, help="site profile (default: local)")
     p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
     p.add_argument("--mesh", type=_mesh, default=S, metavar="DIM=N,...",
-                   help="parallel degrees: dp=2,tp=2 (fsdp+tp) or dp=2,pp=2 (pp)")
+                   help="parallel degrees by name (pp, dp_replicate, dp_shard, tp; dp = the "
+                        "strategy's data parallelism): dp=2,tp=2 (fsdp+tp), dp=2,pp=2 (pp)")
     p.add_argument("--microbatches", type=int, default=S,
                    help="pipeline microbatches per step (pp; default: 2 x stages)")
     p.add_argument("--strategy-option", dest="strategy_options", action="append",

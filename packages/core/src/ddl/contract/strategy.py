@@ -11,6 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
+from ddl.contract.layout import ParallelLayout, resolve
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -24,8 +26,19 @@ class Strategy(ABC):
     name: str = ""
     #: Options a user may pass as ``--strategy-option KEY=VALUE``: name -> description.
     options_help: dict[str, str] = {}
-    #: Dimension names this strategy reads from ``--mesh`` (e.g. dp, tp).
+    #: Dimension names this strategy reads from ``--mesh`` (ddl.contract.layout.DIMS, and
+    #: ``dp``: shorthand for ``dp_means``).
     mesh_dims: frozenset[str] = frozenset()
+    #: How the run's ParallelLayout follows from ``--mesh`` and the world size (one rule for
+    #: all strategies: ddl.contract.layout.resolve). The first open dimension of
+    #: ``layout_fill`` takes the processes the others leave; ``layout_defaults`` fill the
+    #: rest; ``layout_minimum`` are degrees the strategy cannot run below.
+    dp_means: str = "dp_replicate"
+    layout_fill: tuple[str, ...] = ("dp_replicate",)
+    layout_defaults: dict[str, int] = {}
+    layout_minimum: dict[str, int] = {}
+    #: This run's layout, set by the trainer (``resolve_layout``) before :meth:`check`.
+    parallel: ParallelLayout = ParallelLayout()
     #: Whether ``--microbatches`` means something to this strategy.
     uses_microbatches: bool = False
 
@@ -64,19 +77,20 @@ class Strategy(ABC):
 
     def configure(self, config: Any) -> None:
         """Receive the run configuration (``--mesh``, ``--microbatches``) before check(),
-        refusing a mesh dimension or microbatches this strategy would silently ignore."""
+        refusing microbatches this strategy would silently ignore."""
         from ddl.contract.errors import UsageError
 
         self.config = config
-        unknown = sorted(set(getattr(config, "mesh", None) or {}) - self.mesh_dims)
-        if unknown:
-            allowed = ", ".join(sorted(self.mesh_dims)) or "none (--mesh is for strategies " \
-                "with several parallel dimensions, e.g. fsdp+tp, pp)"
-            raise UsageError(f"--mesh: {self.name} has no dimension {unknown[0]!r}; "
-                             f"allowed: {allowed}")
         if getattr(config, "microbatches", None) and not self.uses_microbatches:
             raise UsageError(f"--microbatches: {self.name} does not split batches into "
                              "microbatches; it is for pipeline strategies (pp)")
+
+    def resolve_layout(self, mesh: dict[str, int], world_size: int) -> ParallelLayout:
+        """The degrees this strategy runs ``--mesh`` with on ``world_size`` processes; a
+        dimension it does not use, or degrees that do not fit the world, are refused."""
+        return resolve(mesh, world_size, strategy=self.name, allowed=self.mesh_dims,
+                       dp_means=self.dp_means, fill=self.layout_fill,
+                       defaults=self.layout_defaults, minimum=self.layout_minimum)
 
     def check_layout(self, layout: Any) -> None:
         """Check the resolved batch layout (e.g. microbatches dividing the batch)."""
@@ -92,10 +106,10 @@ class Strategy(ABC):
 
     def data_parallel_size(self, world: World) -> int:
         """How many replicas see different data (the global batch is split over them)."""
-        return world.size
+        return self.parallel.dp
 
     def data_parallel_rank(self, world: World) -> int:
-        return world.rank
+        return self.parallel.dp_rank(world.rank)
 
     @abstractmethod
     def wrap(self, model: nn.Module, world: World) -> nn.Module:

@@ -33,8 +33,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              memory: list[dict[str, Any]], latest_checkpoint: Path | None,
              resumed_from: Path | None, resumed: TrainerState | None,
              strategy_report: dict[str, Any], utilisation: list[dict[str, Any]],
-             profile: list[dict[str, Any]] | None, peak_flops: float | None
-             ) -> dict[str, Any]:
+             profile: list[dict[str, Any]] | None, peak_flops: float | None,
+             parallel: dict[str, int] | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -51,7 +51,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "preset": layout.preset,
         "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
         "world": {"size": world.size, "dp_size": layout.dp_size, "backend": world.backend,
-                  "device": world.device.type},
+                  "device": world.device.type, "parallel": parallel or {}},
         "precision": precision,
         "loader_workers": loader_workers,
         "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch},

@@ -57,6 +57,7 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
     workload: Workload = wspec.create(preset)
     strategy: Strategy = sspec.create(config.strategy_options)
     strategy.configure(config)
+    strategy.parallel = strategy.resolve_layout(config.mesh, world.size)
     sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
     strategy.check(workload, world)
     dp_size = strategy.data_parallel_size(world)

@@ -91,7 +91,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
-        peak_flops=peak_flops)
+        peak_flops=peak_flops, parallel=strategy.parallel.degrees())
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)

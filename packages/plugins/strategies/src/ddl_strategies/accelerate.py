@@ -36,6 +36,8 @@ class AccelerateStrategy(Strategy):
         self.mode = self.options.get("mode", "ddp")
         if self.mode not in ("ddp", "fsdp"):
             raise UsageError(f"--strategy-option: mode={self.mode!r}; allowed: ddp, fsdp")
+        if self.mode == "fsdp":  # the layout records sharding, not replicas
+            self.dp_means, self.layout_fill = "dp_shard", ("dp_shard",)
         self.workload: Workload | None = None
         self.accelerator = None
 

@@ -42,6 +42,8 @@ from ddl.contract.world import World
 
 class FSDPStrategy(Strategy):
     name = "fsdp"
+    dp_means = "dp_shard"
+    layout_fill = ("dp_shard",)
     options_help = {"reshard_after_forward": "free gathered parameters after forward "
                                              "(default true)",
                     "param_dtype": "dtype of gathered parameters and compute: fp32, bf16, "

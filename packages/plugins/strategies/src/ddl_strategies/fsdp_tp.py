@@ -24,25 +24,14 @@ from ddl_strategies.tp import apply_tensor_parallel, full_state
 
 class FSDPTensorParallelStrategy(Strategy):
     name = "fsdp+tp"
-    mesh_dims = frozenset({"dp", "tp"})
+    mesh_dims = frozenset({"dp", "dp_shard", "tp"})
+    dp_means = "dp_shard"
+    layout_fill = ("dp_shard", "tp")  # without --mesh: tp=2, FSDP over the rest
+    layout_defaults = {"tp": 2}
 
     def check(self, workload: Workload, world: World) -> None:
-        mesh = dict(self.config.mesh)  # its dimensions are checked by configure()
-        tp = mesh.get("tp") or (world.size // mesh["dp"] if mesh.get("dp") else 2)
-        if world.size % tp:
-            raise UsageError(f"--mesh: tp={tp} does not divide the world of {world.size} "
-                             "processes; allowed: a divisor of the world size")
-        dp = mesh.get("dp", world.size // tp)
-        if dp * tp != world.size:
-            raise UsageError(f"--mesh: dp={dp} x tp={tp} = {dp * tp}, but the world has "
-                             f"{world.size} processes; the product must equal it")
-        self.dp, self.tp, self.workload = dp, tp, workload
-
-    def data_parallel_size(self, world: World) -> int:
-        return self.dp
-
-    def data_parallel_rank(self, world: World) -> int:
-        return world.rank // self.tp  # ranks of one tensor-parallel group share the data
+        self.dp, self.tp = self.parallel.dp_shard, self.parallel.tp
+        self.workload = workload
 
     def wrap(self, model: nn.Module, world: World) -> nn.Module:
         model = model.to(world.device)

@@ -71,7 +71,8 @@ MULTI = {"interleaved1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoope
 
 class PipelineStrategy(Strategy):
     name = "pp"
-    mesh_dims = frozenset({"dp", "pp"})
+    mesh_dims = frozenset({"dp", "dp_replicate", "pp"})
+    layout_fill = ("pp", "dp_replicate")  # without --mesh: one pipeline over every rank
     uses_microbatches = True
     options_help = {
         "schedule": "gpipe (default), 1f1b, interleaved1f1b, looped_bfs, interleaved_zb",
@@ -99,8 +100,12 @@ class PipelineStrategy(Strategy):
             raise UsageError("--strategy pp: needs at least 2 processes (one per stage); "
                              "allowed: --nproc 2 or more")
         self._check_precision(world)
-        self.dp, self.pp = self._mesh(world)
-        self.pp_rank, self.dp_rank = divmod(world.rank, self.dp)  # pipeline outermost
+        self.dp, self.pp = self.parallel.dp_replicate, self.parallel.pp
+        if self.pp < 2:
+            raise UsageError(f"--mesh: {self.parallel.describe()} leaves pp={self.pp}; a "
+                             "pipeline needs pp >= 2 (dp x pp = the number of processes)")
+        at = self.parallel.coordinates(world.rank)  # pipeline outermost
+        self.pp_rank, self.dp_rank = at["pp"], at["dp_replicate"]
         self.workload, self.world = workload, world
         self.n_stages = self.pp * self.v
 
@@ -114,23 +119,6 @@ class PipelineStrategy(Strategy):
             raise UsageError(f"--precision {requested}: pp does not scale fp16 losses (its "
                              "schedule runs the backward); allowed with pp: fp32, bf16 (on "
                              "GPUs without bf16, e.g. V100, pass --precision fp32)")
-
-    def _mesh(self, world: World) -> tuple[int, int]:
-        """(dp, pp) from ``--mesh``; without one, a single pipeline over every rank."""
-        mesh = dict(getattr(self.config, "mesh", None) or {})  # dims checked by configure()
-        dp = mesh.get("dp") or (world.size // mesh["pp"] if mesh.get("pp") else 1)
-        pp = mesh.get("pp") or world.size // dp
-        if pp < 2 or dp * pp != world.size:
-            raise UsageError(f"--mesh: dp={dp} x pp={pp} does not make a pipeline of the "
-                             f"{world.size} processes; allowed: pp >= 2 and dp x pp = the "
-                             "number of processes")
-        return dp, pp
-
-    def data_parallel_size(self, world: World) -> int:
-        return self.dp  # the stages of one replica see its whole share (in microbatches)
-
-    def data_parallel_rank(self, world: World) -> int:
-        return self.dp_rank
 
     def check_layout(self, layout: Any) -> None:
         self.microbatches = self.config.microbatches or 2 * self.n_stages

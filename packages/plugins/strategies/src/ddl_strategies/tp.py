@@ -53,17 +53,12 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 class TensorParallelStrategy(Strategy):
     name = "tp"
+    layout_fill = ("tp",)  # every rank computes on the same batch, with its slice of each matrix
 
     def check(self, workload: Workload, world: World) -> None:
         if world.size < 2:
             raise UsageError("--strategy tp: needs at least 2 processes; allowed: --nproc 2+")
         self.workload = workload
-
-    def data_parallel_size(self, world: World) -> int:
-        return 1  # every rank computes on the same batch, with its slice of each matrix
-
-    def data_parallel_rank(self, world: World) -> int:
-        return 0
 
     def wrap(self, model: nn.Module, world: World) -> nn.Module:
         model = model.to(world.device)

@@ -1,0 +1,129 @@
+"""The parallel layout of a run: how many ways each kind of parallelism splits the world.
+
+Four named degrees, after torchtitan's ParallelDims, in the order ranks are laid out
+(outermost first, the order of the one DeviceMesh a run builds):
+
+    pp            pipeline stages            (activations sent between neighbours)
+    dp_replicate  whole replicas of the batch's shards (gradients all-reduced, DDP-style)
+    dp_shard      ranks sharing one replica's parameters (FSDP: gathered, reduce-scattered)
+    tp            ranks splitting each big matrix (tensor parallel: all-reduce per layer pair)
+
+Their product is the world size. Rank r sits at coordinates ``r`` written in that mixed
+radix: tensor-parallel ranks are neighbours (one node's GPUs share the fastest links), the
+pipeline is outermost (only its hand-offs cross nodes). ``dp`` = dp_replicate x dp_shard
+replicas see different data; ``--mesh dp=N`` is shorthand for the kind of data parallelism
+the strategy does.
+
+:func:`resolve` is the one place degrees are worked out from ``--mesh`` and the world
+size; the CLI's pre-flight check runs it before any worker starts. No torch here except in
+:meth:`ParallelLayout.device_mesh`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ddl.contract.errors import UsageError
+
+DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first
+DATA_PARALLEL = ("dp_replicate", "dp_shard")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Replicas that see different data: the global batch is split over them."""
+        return self.dp_replicate * self.dp_shard
+
+    def degrees(self) -> dict[str, int]:
+        return asdict(self)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where ``rank`` sits on each dimension (0-based)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a layout of {self.world_size}")
+        where: dict[str, int] = {}
+        for dim in reversed(DIMS):  # tp varies fastest
+            rank, where[dim] = divmod(rank, getattr(self, dim))
+        return {dim: where[dim] for dim in DIMS}
+
+    def dp_rank(self, rank: int) -> int:
+        """Which share of the global batch ``rank`` trains on."""
+        at = self.coordinates(rank)
+        return at["dp_replicate"] * self.dp_shard + at["dp_shard"]
+
+    def describe(self) -> str:
+        """e.g. ``pp=2 x dp_shard=2 x tp=2`` (the degrees above 1; ``1 process`` if none)."""
+        parts = [f"{dim}={getattr(self, dim)}" for dim in DIMS if getattr(self, dim) > 1]
+        return " x ".join(parts) or "1 process"
+
+    def device_mesh(self, device_type: str) -> Any:
+        """The run's one DeviceMesh over all four dimensions (sizes of 1 included, so every
+        dimension can be sliced by name: ``mesh["tp"]``, ``mesh["pp"]``). A collective: every
+        rank of the world calls it."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(device_type, tuple(getattr(self, d) for d in DIMS),
+                                mesh_dim_names=DIMS)
+
+
+def resolve(mesh: Mapping[str, int], world_size: int, *, strategy: str,
+            allowed: frozenset[str], dp_means: str, fill: tuple[str, ...],
+            defaults: Mapping[str, int] | None = None,
+            minimum: Mapping[str, int] | None = None) -> ParallelLayout:
+    """The layout ``--mesh`` asks for on ``world_size`` processes, for a strategy that
+    accepts the dimensions ``allowed`` (``dp`` meaning ``dp_means``). The first dimension of
+    ``fill`` that ``--mesh`` leaves open takes the processes the others leave; the other open
+    ones take ``defaults`` (else 1). Each problem is one UsageError naming the degree and
+    what is allowed."""
+    given = dict(mesh)
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        names = ", ".join(sorted(allowed)) or "none (--mesh is for strategies with several " \
+            "parallel dimensions, e.g. fsdp+tp, pp)"
+        raise UsageError(f"--mesh: {strategy} has no dimension {unknown[0]!r}; allowed: {names}")
+    if "dp" in given:
+        if dp_means in given:
+            raise UsageError(f"--mesh: dp is shorthand for {dp_means} under {strategy}; give "
+                             "one of them")
+        given[dp_means] = given.pop("dp")
+    for dim, size in given.items():
+        if size < 1:
+            raise UsageError(f"--mesh: {dim}={size}; allowed: a whole number >= 1")
+    rest = next((dim for dim in fill if dim not in given), None)
+    degrees = {dim: size for dim, size in (defaults or {}).items() if dim != rest}
+    degrees.update(given)
+    if rest is not None:
+        others = 1
+        for size in degrees.values():
+            others *= size
+        if world_size % others:
+            named = " x ".join(f"{d}={s}" for d, s in degrees.items())
+            named += f" = {others}" if len(degrees) > 1 else ""
+            raise UsageError(f"--mesh: {named} does not divide the world of "
+                             f"{world_size} processes; allowed: degrees whose product "
+                             f"divides {world_size}")
+        degrees[rest] = world_size // others
+    layout = ParallelLayout(**degrees)
+    if layout.world_size != world_size:
+        raise UsageError(f"--mesh: {layout.describe()} = {layout.world_size} processes, but "
+                         f"the world has {world_size}; the product of the degrees must equal it")
+    for dim, least in (minimum or {}).items():
+        if getattr(layout, dim) < least:
+            raise UsageError(f"--mesh: {strategy} needs {dim} >= {least}, but {layout.describe()} "
+                             f"on {world_size} processes gives {dim}={getattr(layout, dim)}; "
+                             f"allowed: {dim} >= {least} (more processes, or a smaller degree "
+                             "elsewhere)")
+    return layout
