@@ -80,3 +80,30 @@ def test_broken_plugin_is_reported_and_the_rest_keep_working(tmp_path):
 
     proc = run_ddl("train", "--plugin", "broken", env=env)
     assert_one_line_error(proc, "--plugin", "'broken'", "failed to load", "allowed:", "mnist")
+
+
+BARE_SPEC = """
+from ddl.contract import Preset, WorkloadSpec, hookimpl
+
+@hookimpl
+def ddl_register_workloads():
+    preset = Preset("p", "a preset", epochs=1, batch_size=1, lr=0.1)
+    return WorkloadSpec("bare", "a bare spec", "nowhere:Nothing", {"p": preset}, "p")
+"""
+
+
+def test_a_hook_returning_a_bare_spec_is_named_and_set_aside(tmp_path):
+    """A registration hook that returns one spec instead of a list: `ddl plugins` names the
+    plugin and what it returned; the other plugins list and train as before."""
+    _install_fake_distribution(tmp_path, BARE_SPEC)
+    env = {"PYTHONPATH": str(tmp_path)}
+    proc = run_ddl("plugins", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "BROKEN plugin 'broken'" in proc.stdout
+    assert "returned a WorkloadSpec, not a list" in proc.stdout
+    assert "mnist" in proc.stdout and "ddp" in proc.stdout
+    assert proc.stdout.count("BROKEN plugin 'broken'") == 1
+
+    proc = run_ddl("train", "--plugin", "bare", env=env)
+    assert_one_line_error(proc, "--plugin", "'bare'", "allowed:", "mnist")

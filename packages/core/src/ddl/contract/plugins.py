@@ -65,25 +65,35 @@ class Plugins:
     def broken(self) -> list[PluginInfo]:
         return [info for info in self.infos if info.error]
 
-    def _collect(self, hook_name: str) -> list[Any]:
-        """Call a registration hook plugin by plugin, tagging each spec with its plugin."""
+    def _collect(self, hook_name: str, kind: type) -> list[Any]:
+        """Call a registration hook plugin by plugin, tagging each spec with its plugin. A
+        plugin whose hook fails or returns something else than a list of ``kind`` is set
+        aside as broken, by name, and the others stay usable."""
         specs: list[Any] = []
         hook = getattr(self._pm.hook, hook_name)
         for impl in hook.get_hookimpls():
             try:
                 returned = impl.function() or []
+                wrong = _not_a_list_of(returned, kind)
+                if wrong:
+                    raise TypeError(f"{hook_name} returned {wrong}; it must return a list of "
+                                    f"{kind.__name__}")
             except Exception as exc:
-                self.infos.append(PluginInfo(impl.plugin_name, "hook " + hook_name,
-                                             f"{type(exc).__name__}: {exc}"))
+                self._set_aside(impl.plugin_name, "hook " + hook_name,
+                                f"{type(exc).__name__}: {exc}")
                 continue
             specs.extend(replace(spec, plugin=impl.plugin_name) for spec in returned)
         return specs
 
+    def _set_aside(self, name: str, source: str, error: str) -> None:
+        if not any(i.name == name and i.error == error for i in self.infos):  # once
+            self.infos.append(PluginInfo(name, source, error))
+
     def workloads(self) -> dict[str, WorkloadSpec]:
-        return _by_name(self._collect("ddl_register_workloads"), "workload")
+        return _by_name(self._collect("ddl_register_workloads", WorkloadSpec), "workload")
 
     def strategies(self) -> dict[str, StrategySpec]:
-        return _by_name(self._collect("ddl_register_strategies"), "strategy")
+        return _by_name(self._collect("ddl_register_strategies", StrategySpec), "strategy")
 
     def site_dirs(self) -> list[Any]:
         return [d for dirs in self._pm.hook.ddl_site_dirs() for d in dirs]
@@ -93,6 +103,16 @@ class Plugins:
 
     def strategy(self, name: str) -> StrategySpec:
         return _pick(self.strategies(), name, "strategy", self.broken)
+
+
+def _not_a_list_of(returned: Any, kind: type) -> str | None:
+    """What is wrong with a registration hook's answer, or None."""
+    if not isinstance(returned, (list, tuple)):
+        return f"a {type(returned).__name__}, not a list"
+    for item in returned:
+        if not isinstance(item, kind):
+            return f"a list holding a {type(item).__name__}"
+    return None
 
 
 def _by_name(specs: list[Any], kind: str) -> dict[str, Any]:
