@@ -102,6 +102,7 @@ def test_a_hook_returning_a_bare_spec_is_named_and_set_aside(tmp_path):
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "BROKEN plugin 'broken'" in proc.stdout
     assert "returned a WorkloadSpec, not a list" in proc.stdout
+    assert "entry point broken_plugin_mod" in proc.stdout  # where to look
     assert "mnist" in proc.stdout and "ddp" in proc.stdout
     assert proc.stdout.count("BROKEN plugin 'broken'") == 1
 

@@ -79,15 +79,18 @@ class Plugins:
                     raise TypeError(f"{hook_name} returned {wrong}; it must return a list of "
                                     f"{kind.__name__}")
             except Exception as exc:
-                self._set_aside(impl.plugin_name, "hook " + hook_name,
-                                f"{type(exc).__name__}: {exc}")
+                self._set_aside(impl.plugin_name, hook_name, f"{type(exc).__name__}: {exc}")
                 continue
             specs.extend(replace(spec, plugin=impl.plugin_name) for spec in returned)
         return specs
 
-    def _set_aside(self, name: str, source: str, error: str) -> None:
-        if not any(i.name == name and i.error == error for i in self.infos):  # once
-            self.infos.append(PluginInfo(name, source, error))
+    def _set_aside(self, name: str, hook_name: str, error: str) -> None:
+        """List a plugin whose hook failed as broken, once, naming where it came from."""
+        if any(i.name == name and i.error == error for i in self.infos):
+            return
+        loaded = next((i for i in self.infos if i.name == name), None)
+        source = f"{loaded.source}, hook {hook_name}" if loaded else f"hook {hook_name}"
+        self.infos.append(PluginInfo(name, source, error, loaded.version if loaded else None))
 
     def workloads(self) -> dict[str, WorkloadSpec]:
         return _by_name(self._collect("ddl_register_workloads", WorkloadSpec), "workload")
