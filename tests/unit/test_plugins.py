@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import assert_one_line_error, run_ddl
+from conftest import REPO, assert_one_line_error, run_ddl
 from ddl.contract.hookspecs import hookimpl
 from ddl.contract.plugins import Plugins
 from ddl.contract.specs import Preset, WorkloadSpec
@@ -108,3 +108,40 @@ def test_a_hook_returning_a_bare_spec_is_named_and_set_aside(tmp_path):
 
     proc = run_ddl("train", "--plugin", "bare", env=env)
     assert_one_line_error(proc, "--plugin", "'bare'", "allowed:", "mnist")
+
+
+GENERATES = """
+import sys
+from dataclasses import replace
+
+sys.path.insert(0, {src!r})
+from ddl.contract import hookimpl
+from ddl_example.plugin import ddl_register_workloads as example_specs
+from ddl_example.workload import RegressionWorkload
+
+
+class Generates(RegressionWorkload):
+    # like a GPT author's corpus: prepare() always generates, nothing marks it synthetic
+    def prepare(self, data_dir, *, synthetic):
+        return super().prepare(data_dir, synthetic=True)
+
+    def is_synthetic(self, data_dir):
+        return False
+
+
+@hookimpl
+def ddl_register_workloads():
+    return [replace(spec, name="gen", factory=Generates) for spec in example_specs()]
+"""
+
+
+def test_prepare_says_official_only_for_a_download(tmp_path):
+    """`ddl prepare` calls data "official" only when the workload's data module downloaded
+    it; a plugin whose own prepare() made it is not labelled official."""
+    src = REPO / "docs" / "examples" / "ddl-example-plugin" / "src"
+    _install_fake_distribution(tmp_path / "site", GENERATES.format(src=str(src)))
+    proc = run_ddl("prepare", "--plugin", "gen", "--data-dir", str(tmp_path / "data"),
+                   env={"PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(official)" not in proc.stdout
+    assert "ddl: gen data (as the plugin's prepare made it) ready in" in proc.stdout

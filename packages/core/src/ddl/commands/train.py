@@ -131,6 +131,11 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     if data_dir.exists() and not data_dir.is_dir():
         raise UsageError(f"--data-dir: {data_dir} exists and is not a directory")
     where = workload.prepare(data_dir, synthetic=ns.synthetic)
-    kind = "synthetic" if ns.synthetic else "official"
+    # "official" only where ddl knows the data came from a download (the workload's data
+    # module); a plugin's own prepare() may generate its data
+    if ns.synthetic or workload.is_synthetic(Path(where)):
+        kind = "synthetic"
+    else:
+        kind = "official" if workload.data_module else "as the plugin's prepare made it"
     print(f"ddl: {config.plugin} data ({kind}) ready in {where}")
     return 0
