@@ -63,6 +63,18 @@ class ForeignFsdpUnits(RegressionWorkload):
         return [nn.Linear(2, 2)]  # a module that is not part of the model
 
 
+class PatternTpPlan(RegressionWorkload):
+    """A plan in torch's pattern form (`*` = one level of the module path), as xsum writes."""
+
+    def tp_plan(self, model):
+        return {"block*.0": "colwise", "head": "rowwise"}
+
+
+class UnknownTpPath(RegressionWorkload):
+    def tp_plan(self, model):
+        return {"blocks.*.0": "colwise"}  # no module "blocks"
+
+
 def _spec(factory, **changes):
     return replace(example_specs()[0], factory=factory, **changes)
 
@@ -95,6 +107,7 @@ BROKEN = [
     (_spec(RegressionWorkload, presets={"standard": PRESETS["standard"]}), "presets", "tiny"),
     (_spec(RegressionWorkload, capabilities=frozenset({"fsdp_unit"})), "capabilities",
      "fsdp_unit"),
+    (_spec(UnknownTpPath, capabilities=frozenset({"tp_plan"})), "tp_plan", "blocks.*.0"),
 ]
 
 
@@ -114,6 +127,11 @@ def test_broken_workload_fails_naming_the_contract(spec, contract, detail, data_
 
 def test_intact_example_passes(data_dir):
     conformance.check_in_process(_spec(RegressionWorkload), data_dir)
+
+
+def test_tp_plan_patterns_are_read_as_torch_reads_them(data_dir):
+    spec = _spec(PatternTpPlan, capabilities=frozenset({"tp_plan"}))
+    conformance.check_hints(spec, PatternTpPlan(PRESETS["tiny"]))
 
 
 def test_missing_data_is_generated_and_checked(tmp_path):

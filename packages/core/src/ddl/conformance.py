@@ -223,10 +223,21 @@ def check_hints(spec: WorkloadSpec, workload: Any) -> None:
         plan = workload.tp_plan(model)
         if not plan:
             raise ContractBroken("tp_plan", spec.name, "empty plan")
-        wrong = {p: s for p, s in plan.items() if p not in modules or s not in
+        wrong = {p: s for p, s in plan.items() if not _plan_key_matches(p, modules) or s not in
                  ("colwise", "rowwise")}
         if wrong:
             raise ContractBroken("tp_plan", spec.name, f"bad entries {wrong}")
+
+
+def _plan_key_matches(pattern: str, modules: dict) -> bool:
+    """Whether a tp_plan key names a sub-module, read as torch's parallelize_module reads it:
+    dot-separated parts, each an fnmatch pattern for one level (``blocks.*.attn.q``)."""
+    from fnmatch import fnmatch
+
+    parts = pattern.split(".")
+    return any(len(path.split(".")) == len(parts)
+               and all(fnmatch(name, part) for name, part in zip(path.split("."), parts))
+               for path in modules if path)
 
 
 def check_in_process(spec: WorkloadSpec, data_dir: Path, preset: str = "tiny") -> None:
