@@ -34,7 +34,8 @@ CONTRACTS = {
     "capabilities": "the spec declares only capabilities ddl knows",
     "data": "prepare(synthetic=True) writes data that check_data() accepts",
     "datasets": "datasets() returns non-empty train, val and test datasets of "
-                "(inputs, targets) samples",
+                "(inputs, targets) samples; every sample len() counts reads and batches "
+                "with the first (all of a small split, ends and a random few of a large one)",
     "forward-backward": "a batch runs through forward() and loss() to a finite scalar whose "
                         "backward pass gives finite gradients to the parameters",
     "metrics": "sample_metrics() returns per-sample tensors including `loss`, whose mean "
@@ -135,11 +136,45 @@ def check_datasets(workload: Any, data_dir: Path, name: str) -> dict[str, Any]:
             raise broken(f"len() of split {split!r}: {type(exc).__name__}: {exc}") from exc
         if size == 0:
             raise broken(f"split {split!r} is empty")
-        sample = splits[split][0]
-        if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
-            raise broken(f"split {split!r} sample 0 is {type(sample).__name__}, "
-                         "not an (inputs, targets) pair")
+        _check_samples(splits[split], split, size, broken)
     return splits
+
+
+def _sample_indices(size: int, every_up_to: int = 256, seed: int = 7) -> list[int]:
+    """Every index of a small split; of a large one the first and last 8 and 16 at random
+    (a ``__len__`` that counts samples that do not exist shows at the end)."""
+    if size <= every_up_to:
+        return list(range(size))
+    import random
+
+    ends = [*range(8), *range(size - 8, size)]
+    return sorted(set(ends + random.Random(seed).sample(range(8, size - 8), 16)))
+
+
+def _check_samples(dataset: Any, split: str, size: int, broken) -> None:
+    """Each checked sample reads, is an (inputs, targets) pair and batches with sample 0 as
+    the DataLoader would batch them (torch's default_collate)."""
+    from torch.utils.data import default_collate
+
+    first = None
+    for index in _sample_indices(size):
+        try:
+            sample = dataset[index]
+        except Exception as exc:
+            raise broken(f"split {split!r} has len() {size} but sample {index} cannot be read: "
+                         f"{type(exc).__name__}: {exc}") from exc
+        if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+            raise broken(f"split {split!r} sample {index} is {type(sample).__name__}, "
+                         "not an (inputs, targets) pair")
+        if first is None:
+            first = sample
+            continue
+        try:
+            default_collate([first, sample])
+        except Exception as exc:
+            raise broken(f"split {split!r} sample {index} does not batch with sample 0 "
+                         f"(len() says {size} samples): {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
 
 
 def check_model(workload: Any, dataset: Any, name: str, batch_size: int = 4) -> None:
