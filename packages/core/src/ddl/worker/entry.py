@@ -100,9 +100,46 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
+def _code_location(exc: BaseException) -> str:
+    """The innermost frame of ddl's or a plugin's code (a package named ddl or ddl_*) in the
+    traceback, e.g. ``ddl_gpt/model.py:42 in forward``: where a plugin author looks first."""
+    import traceback
+
+    ours = [f for f in traceback.extract_tb(exc.__traceback__)
+            if any(part == "ddl" or part.startswith("ddl_") for part in Path(f.filename).parts)]
+    if not ours:
+        return ""
+    frame = ours[-1]
+    parts = Path(frame.filename).parts
+    start = max(i for i, p in enumerate(parts) if p == "ddl" or p.startswith("ddl_"))
+    return f" (at {'/'.join(parts[start:])}:{frame.lineno} in {frame.name})"
+
+
+def _report_crash(exc: BaseException, rank: int, plan) -> int:
+    """An exception from plugin (or ddl) code: one line per failing rank naming the error and
+    where it happened, the whole traceback in RUN_DIR/logs/ (not 50-120 lines per rank)."""
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    folder = plan.run_dir / "logs" if plan is not None else Path(tempfile.gettempdir())
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank{rank}-traceback.txt"
+        path.write_text(text)
+        saved = f"; traceback: {path}"
+    except OSError:
+        sys.stderr.write(text)
+        saved = ""
+    print(f"ddl: error on rank {rank}: {type(exc).__name__}: {_first_line(exc)}"
+          f"{_code_location(exc)}{saved}", file=sys.stderr, flush=True)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     rank = int(os.environ.get("RANK", 0))
+    plan = None
     try:
         plan, create = load_plan(args)
         run(plan, create_run_dir=create)
@@ -112,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except RuntimeError as exc:
         if not _lost_peer(exc):
-            raise
+            return _report_crash(exc, rank, plan)
         # Another rank died (its own message, if any, says why); no need for a traceback.
         print(f"ddl: error on rank {rank}: lost contact with another rank "
               f"({_first_line(exc)})", file=sys.stderr, flush=True)
@@ -124,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             exit_now(exc.exit_code)
         print(f"ddl: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except Exception as exc:  # a bug in a plugin's code (or ddl's): say where, keep the rest
+        return _report_crash(exc, rank, plan)
     return 0
 
 
