@@ -43,7 +43,6 @@ def single(tmp_path_factory, xsum_data):
     (2, "accelerate", (), 2),
     (2, "tp", (), 1),
     (4, "fsdp+tp", ("--mesh", "dp=2,tp=2"), 2),
-    (4, "fsdp", ("--mesh", "dp_replicate=2,dp_shard=2"), 4),  # HSDP: 2 replicas of 2 shards
 ])
 def test_matches_one_process(tmp_path, xsum_data, single, nproc, strategy, extra, dp):
     ref_results, ref = single
@@ -55,12 +54,16 @@ def test_matches_one_process(tmp_path, xsum_data, single, nproc, strategy, extra
         assert results["final"]["test"][metric] == pytest.approx(value, rel=1e-3, abs=1e-4)
 
 
-def test_hsdp_shards_within_groups(tmp_path, xsum_data, single):
-    """HSDP keeps each parameter in dp_shard pieces (not world-size pieces): per rank half
-    of the model's parameter bytes at dp_shard=2, a quarter under plain FSDP on 4 ranks."""
-    ref_results, _ = single
-    full = ref_results["memory_per_rank"][0]["params_bytes"]
-    results, _ = _train(tmp_path, xsum_data, 4, "fsdp", "--mesh", "dp_replicate=2,dp_shard=2")
+def test_hsdp_matches_one_process_and_shards_within_groups(tmp_path, xsum_data, single):
+    """HSDP (2 replicas of 2 shards) ends where one process ends, and keeps each parameter
+    in dp_shard pieces, not world-size pieces: per rank half of the model's parameter bytes
+    (a quarter under plain FSDP on 4 ranks)."""
+    ref_results, ref = single
+    results, weights = _train(tmp_path, xsum_data, 4, "fsdp", "--mesh",
+                              "dp_replicate=2,dp_shard=2")
     assert results["world"]["parallel"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1}
+    assert results["world"]["dp_size"] == 4
+    assert_same_weights(weights, ref, adam=True)
+    full = ref_results["memory_per_rank"][0]["params_bytes"]
     for rank in results["memory_per_rank"]:
         assert rank["params_bytes"] == pytest.approx(full / 2, rel=0.1)
