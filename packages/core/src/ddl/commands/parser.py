@@ -70,6 +70,11 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=S, help="learning rate (default: the preset's)")
     p.add_argument("--lr-scaling", choices=["none", "linear"], default=S,
                    help="linear: lr x global batch / preset batch (default: none)")
+    p.add_argument("--lr-schedule", choices=["workload", "constant", "cosine", "linear", "step"],
+                   default=S, help="shape after warm-up (default: the workload's own; "
+                                   "cosine/linear decay to 0 at the last step)")
+    p.add_argument("--warmup-steps", type=int, default=S,
+                   help="linear learning-rate warm-up in optimizer steps")
     p.add_argument("--warmup-epochs", type=float, default=S,
                    help="linear learning-rate warm-up length (default: 0)")
     p.add_argument("--seed", type=int, default=S, help="default: 1, as in the courses")

@@ -61,6 +61,11 @@ class RunConfig(BaseModel):
         "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")
     warmup_epochs: float = Field(0.0, ge=0, allow_inf_nan=False,
                                  description="linear learning-rate warm-up")
+    warmup_steps: int | None = Field(None, ge=0, description="linear learning-rate warm-up in "
+                                     "optimizer steps (instead of --warmup-epochs)")
+    lr_schedule: Literal["workload", "constant", "cosine", "linear", "step"] = Field(
+        "workload", description="learning-rate shape after warm-up: the workload's own "
+        "(default), constant, cosine or linear to 0, step (x0.1 at 1/2, x0.01 at 3/4)")
     # torch generators take 64-bit seeds; ranks and epochs are added to this one
     seed: int = Field(1, ge=0, le=2**63 - 1)
     data_dir: Path | None = None
@@ -95,6 +100,8 @@ class RunConfig(BaseModel):
     def _one_batch_flag(self) -> RunConfig:
         if self.batch_size is not None and self.global_batch_size is not None:
             raise ValueError("give --batch-size (per replica) or --global-batch-size, not both")
+        if self.warmup_steps is not None and self.warmup_epochs:
+            raise ValueError("give --warmup-steps or --warmup-epochs, not both")
         return self
 
 

@@ -21,7 +21,7 @@ from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
-from ddl.worker import checkpoint, sync_bn
+from ddl.worker import checkpoint, lr_schedule, sync_bn
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
 from ddl.worker.precision import Precision
@@ -161,17 +161,11 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
 
 
 def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
-    """Per-step multiplier: linear warm-up (starting from the unscaled lr when linear
-    scaling is on, Goyal et al. 2017 sec. 2.2) times the workload's per-epoch factor."""
-    warmup_steps = round(config.warmup_epochs * layout.steps_per_epoch)
+    """Per-step multiplier of the learning rate (ddl.worker.lr_schedule)."""
+    steps = layout.steps_per_epoch
+    warmup = (config.warmup_steps if config.warmup_steps is not None
+              else round(config.warmup_epochs * steps))
     start = min(1.0, layout.base_lr / layout.lr) if config.lr_scaling == "linear" else 0.0
-    if warmup_steps and start == 1.0:
-        start = 1.0 / warmup_steps
-
-    def factor(step: int) -> float:
-        warm = 1.0
-        if step < warmup_steps:
-            warm = start + (1.0 - start) * step / warmup_steps
-        return warm * workload.lr_factor(step // layout.steps_per_epoch)
-
-    return factor
+    return lr_schedule.make(config.lr_schedule, total_steps=layout.epochs * steps,
+                            steps_per_epoch=steps, warmup_steps=warmup, warmup_start=start,
+                            epoch_factor=workload.lr_factor)
