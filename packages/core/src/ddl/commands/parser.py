@@ -70,6 +70,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=S, help="learning rate (default: the preset's)")
     p.add_argument("--lr-scaling", choices=["none", "linear"], default=S,
                    help="linear: lr x global batch / preset batch (default: none)")
+    p.add_argument("--clip-grad-norm", type=float, default=S, metavar="MAX",
+                   help="scale gradients to a global 2-norm of at most MAX (default: off)")
     p.add_argument("--lr-schedule", choices=["workload", "constant", "cosine", "linear", "step"],
                    default=S, help="shape after warm-up (default: the workload's own; "
                                    "cosine/linear decay to 0 at the last step)")

@@ -129,8 +129,29 @@ class Strategy(ABC):
             outputs = workload.forward(model, inputs)
             loss = workload.loss(outputs, targets)
         precision.backward(loss)
+        self.clip_gradients(model, optimizer, precision)
         precision.step(optimizer)
         return loss.detach(), outputs
+
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                       precision: Precision) -> None:
+        """``--clip-grad-norm``: scale the gradients to a global 2-norm of at most that
+        (ddl.contract.grad_norm; DTensor shards and replicas counted as one model)."""
+        max_norm = getattr(getattr(self, "config", None), "clip_grad_norm", None)
+        if not max_norm:
+            return
+        from ddl.contract.grad_norm import clip_grad_norm
+
+        precision.unscale(optimizer)
+        self.record_grad_norm(clip_grad_norm(model.parameters(), max_norm))
+
+    def record_grad_norm(self, norm: Any) -> None:
+        """Keep a clipped step's norm (before clipping) for the epoch's record."""
+        self.__dict__.setdefault("grad_norms", []).append(float(norm))
+
+    def take_grad_norms(self) -> list[float]:
+        """The norms recorded since the last call (the trainer's, once per epoch)."""
+        return self.__dict__.pop("grad_norms", [])
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module to run evaluation forwards on."""

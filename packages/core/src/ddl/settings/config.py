@@ -66,6 +66,9 @@ class RunConfig(BaseModel):
     lr_schedule: Literal["workload", "constant", "cosine", "linear", "step"] = Field(
         "workload", description="learning-rate shape after warm-up: the workload's own "
         "(default), constant, cosine or linear to 0, step (x0.1 at 1/2, x0.01 at 3/4)")
+    clip_grad_norm: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="scale gradients to this global 2-norm "
+        "at most (over the whole model, whatever the strategy)")
     # torch generators take 64-bit seeds; ranks and epochs are added to this one
     seed: int = Field(1, ge=0, le=2**63 - 1)
     data_dir: Path | None = None

@@ -34,6 +34,7 @@ class Trained:
     metrics: dict[str, float] = field(default_factory=dict)  # averaged over all ranks
     seconds: float = 0.0
     data_wait: float = 0.0  # seconds this rank waited for its batches
+    grad_norm: float | None = None  # mean global gradient norm before clipping, if clipped
 
 
 def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
@@ -78,7 +79,9 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
             return Trained(stop=stop)
     _sync(world.device)
     seconds = time.perf_counter() - t0
-    return Trained(metrics=sums.reduce(world), seconds=seconds, data_wait=data_wait)
+    norms = run.strategy.take_grad_norms()
+    return Trained(metrics=sums.reduce(world), seconds=seconds, data_wait=data_wait,
+                   grad_norm=sum(norms) / len(norms) if norms else None)
 
 
 def validate(run: Run, epoch: int, position: int, trained: Trained,
@@ -99,6 +102,8 @@ def validate(run: Run, epoch: int, position: int, trained: Trained,
               "eval_time_s": time.perf_counter() - t_eval,
               "lr": run.optimizer.param_groups[0]["lr"], "train": trained.metrics,
               "val": val}
+    if trained.grad_norm is not None:
+        record["grad_norm"] = trained.grad_norm
     if position:
         record["resumed_at_step"] = position  # a partial epoch: times cover the rest
     run.say(f"epoch {epoch}/{layout.epochs}  train {fmt(trained.metrics)} | val "

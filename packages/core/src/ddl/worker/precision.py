@@ -52,6 +52,12 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the loss scale now (before clipping them); step() then
+        does not divide again."""
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler:
             self.scaler.step(optimizer)  # skips the step if gradients overflowed

@@ -78,6 +78,10 @@ class AccelerateStrategy(Strategy):
             outputs = workload.forward(model, inputs)
             loss = workload.loss(outputs, targets)
         self.accelerator.backward(loss)
+        max_norm = getattr(self.config, "clip_grad_norm", None)
+        if max_norm:  # Accelerate's own: it knows its wrappers' sharding
+            self.record_grad_norm(self.accelerator.clip_grad_norm_(model.parameters(),
+                                                                   max_norm))
         optimizer.step()
         return loss.detach(), outputs
 

@@ -256,6 +256,7 @@ class PipelineStrategy(Strategy):
                     param.grad = torch.zeros_like(param)
                 dist.all_reduce(param.grad, group=self.dp_group)
                 param.grad.div_(self.dp)
+        self._clip_gradients()
         optimizer.step()
         self.steps += 1
         if self.steps > 1:  # the first step builds buffers and shapes: not a steady state
@@ -266,6 +267,18 @@ class PipelineStrategy(Strategy):
             torch.zeros((), device=self.world.device)
         dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
         return loss, output if self.has_last else None
+
+    def _clip_gradients(self) -> None:
+        """--clip-grad-norm over the whole model: each stage's squares summed over the
+        pipeline, a tied weight's copies counted once (ddl.contract.grad_norm)."""
+        max_norm = getattr(self.config, "clip_grad_norm", None)
+        if not max_norm:
+            return
+        from ddl.contract.grad_norm import clip_grad_norm
+
+        copies = {id(param): 1.0 / dist.get_world_size(group) for param, group in self.shared}
+        self.record_grad_norm(clip_grad_norm(self.params, max_norm, sum_over=[self.pp_group],
+                                             weights=copies))
 
     def eval_step(self, model, inputs, targets, workload, precision):
         output, _ = self._run(self.schedule.eval, inputs, targets, precision)
