@@ -61,3 +61,19 @@ def test_holdout_splits_hold_out_the_tail_and_cut_prefixes():
     assert list(cut["train"]) == [0, 1, 2]
     assert list(cut["val"]) == ["eval 90", "eval 91"]
     assert list(cut["test"]) == [1000, 1001]
+
+
+def test_derived_metrics_come_from_the_exact_means():
+    """A metric derived from the reduced means (xsum's perplexity = exp of the mean loss)
+    is added beside them; a mean of per-sample perplexities would be larger."""
+    import math
+
+    from ddl.contract.plugins import Plugins
+    from ddl.worker.evaluation import with_derived
+
+    spec = Plugins().workload("xsum")
+    xsum = spec.create(spec.presets["tiny"])
+    got = with_derived({"loss": 2.0, "token_accuracy": 0.5}, xsum)
+    assert got == {"loss": 2.0, "token_accuracy": 0.5, "perplexity": math.exp(2.0)}
+    mnist = Plugins().workload("mnist")
+    assert with_derived({"loss": 2.0}, mnist.create(mnist.presets["tiny"])) == {"loss": 2.0}

@@ -107,6 +107,12 @@ class Workload(ABC):
         them over all ranks and divides by the sample count, so evaluation is exact for any
         world size."""
 
+    def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
+        """Metrics computed from the exact means over all ranks and samples, added beside
+        them (e.g. ``{"perplexity": math.exp(means["loss"])}``): a function of a mean is not
+        the mean of per-sample values. None by default."""
+        return {}
+
     def forward(self, model: nn.Module, inputs: Any) -> Any:
         return model(inputs)
 

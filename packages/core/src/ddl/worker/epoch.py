@@ -19,7 +19,7 @@ import torch
 from ddl.settings import rundir
 from ddl.worker import checkpoint
 from ddl.worker.control import StepGuard
-from ddl.worker.evaluation import evaluate, fmt
+from ddl.worker.evaluation import evaluate, fmt, with_derived
 from ddl.worker.metrics import MetricSums
 from ddl.worker.profiling import StepProfiler
 from ddl.worker.setup import Run
@@ -80,7 +80,8 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     _sync(world.device)
     seconds = time.perf_counter() - t0
     norms = run.strategy.take_grad_norms()
-    return Trained(metrics=sums.reduce(world), seconds=seconds, data_wait=data_wait,
+    return Trained(metrics=with_derived(sums.reduce(world), workload), seconds=seconds,
+                   data_wait=data_wait,
                    grad_norm=sum(norms) / len(norms) if norms else None)
 
 

@@ -32,7 +32,12 @@ def evaluate(step, loader, workload: Workload, world: World) -> dict[str, float]
                 positions = torch.arange(position, position + n, device=world.device)
                 sums.add(per_sample, weight=(positions < real).to(torch.float64))
             position += n
-    return sums.reduce(world)
+    return with_derived(sums.reduce(world), workload)
+
+
+def with_derived(means: dict[str, float], workload: Workload) -> dict[str, float]:
+    """The means over all samples plus what the workload derives from them."""
+    return {**means, **workload.derived_metrics(dict(means))} if means else means
 
 
 def _batch_len(targets: Any) -> int:

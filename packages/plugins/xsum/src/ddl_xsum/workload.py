@@ -213,6 +213,13 @@ class XsumWorkload(Workload):
     def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=lr)
 
+    def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
+        """Perplexity: exp of the split's mean loss (each article's mean token loss,
+        averaged over all articles of all ranks), not a mean of per-article perplexities."""
+        import math
+
+        return {"perplexity": math.exp(min(means["loss"], 50.0))} if "loss" in means else {}
+
     def lr_factor(self, epoch: int) -> float:
         """StepLR(step_size=1, gamma): the rate shrinks by gamma after every epoch."""
         return self.gamma ** epoch
