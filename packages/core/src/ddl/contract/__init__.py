@@ -4,11 +4,12 @@ The lowest layer: it imports nothing else of ddl. Plugin authors import from her
 (``from ddl.contract import Workload, WorkloadSpec, hookimpl``); the names below are the
 whole public interface. The modules: hook specifications (``hookspecs``), the light specs a
 plugin registers (``specs``), the interfaces (``workload``, ``strategy``), who a process is
-(``world``), the parallel layout of a run (``layout``), the plugin manager (``plugins``), errors, and the helpers plugins share
+(``world``), what a workload knows of its run (``context``), the parallel layout of a run (``layout``), the plugin manager (``plugins``), errors, and the helpers plugins share
 (``datafiles`` for data-set installs, ``batchnorm`` for ghost BatchNorm in pipelines,
 ``state_names``).
 """
 
+from ddl.contract.context import RunContext
 from ddl.contract.errors import DataError, DataMissing, DdlError, UsageError
 from ddl.contract.hookspecs import hook_returning, hookimpl
 from ddl.contract.layout import ParallelLayout
@@ -17,6 +18,6 @@ from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 
-__all__ = ["DataError", "DataMissing", "DdlError", "ParallelLayout", "Preset", "Strategy",
-           "StrategySpec", "UsageError", "Workload", "WorkloadSpec", "World", "hook_returning",
-           "hookimpl"]
+__all__ = ["DataError", "DataMissing", "DdlError", "ParallelLayout", "Preset", "RunContext",
+           "Strategy", "StrategySpec", "UsageError", "Workload", "WorkloadSpec", "World",
+           "hook_returning", "hookimpl"]

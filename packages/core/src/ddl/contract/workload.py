@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ddl.contract.context import RunContext
     import torch
     from torch import nn
     from torch.utils.data import Dataset
@@ -26,6 +27,11 @@ SPLITS = ("train", "val", "test")
 
 
 class Workload(ABC):
+    #: The run this workload is part of (ddl.contract.context.RunContext): set by the
+    #: trainer before datasets() (step counts still None) and, complete, before
+    #: build_model() and optimizer(). None outside a run (listings, the kit's first checks).
+    context: RunContext | None = None
+
     def __init__(self, preset: Preset) -> None:
         self.preset = preset
 
@@ -123,7 +129,16 @@ class Workload(ABC):
     # --- optimisation -------------------------------------------------------------------
     @abstractmethod
     def optimizer(self, params: Any, lr: float) -> torch.optim.Optimizer:
-        """The course's optimizer for these parameters at this learning rate."""
+        """The course's optimizer for these parameters at this learning rate (``params``:
+        what :meth:`param_groups` made of them, else a list of this rank's parameters)."""
+
+    def param_groups(self, named: list[tuple[str, Any]]) -> list[dict[str, Any]] | None:
+        """Optimizer parameter groups made from ``(name, parameter)`` pairs, the names as in
+        the model :meth:`build_model` returned, whatever the strategy wrapped around it
+        (e.g. no weight decay for names ending in ``bias``). Only this rank's parameters
+        appear (a pipeline stage's, sharded ones as DTensors). None (the default): one
+        group of all parameters."""
+        return None
 
     def lr_factor(self, epoch: int) -> float:
         """Per-epoch learning-rate multiplier (e.g. StepLR's gamma ** epoch); 1 by default."""

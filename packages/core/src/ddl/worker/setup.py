@@ -9,12 +9,13 @@ the sharded loaders - into one ``Run`` that the trainer drives epoch by epoch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ddl.contract.context import RunContext
 from ddl.contract.errors import UsageError
 from ddl.contract.plugins import Plugins
 from ddl.contract.strategy import Strategy
@@ -123,22 +124,12 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     ``workers`` is the number of DataLoader processes per rank."""
     workload, strategy, layout = build(config, world, plugins)
     data_dir = Path(config.data_dir)
+    context = RunContext(data_dir=data_dir, world=world, parallel=strategy.parallel,
+                         epochs=layout.epochs, global_batch=layout.global_batch,
+                         batch_per_replica=layout.batch_per_replica)
+    workload.context = context
     splits = workload.datasets(data_dir)
 
-    seed_all(config.seed)  # identical initial weights on every rank
-    model = workload.build_model()
-    if config.sync_bn:  # before wrapping: strategies shard or split what they are given
-        model = sync_bn.apply(model, world)
-    # counted before wrapping: a pipeline rank keeps only its own stages afterwards
-    parameters = sum(p.numel() for p in model.parameters())
-    model = strategy.wrap(model, world)
-    # a pipeline rank may hold only parameter-free stages (MNIST's flatten); an empty group
-    # keeps its optimizer, lr schedule and checkpoint valid (torch refuses an empty list)
-    params = list(model.parameters()) or [{"params": []}]
-    optimizer = strategy.prepare_optimizer(workload.optimizer(params, layout.lr))
-    seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
-
-    precision = Precision.create(config.precision, world.device)
     pin = world.device.type == "cuda"
     dp_rank = strategy.data_parallel_rank(world)
     loader = train_loader(splits["train"], batch_size=layout.batch_per_replica,
@@ -148,6 +139,21 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         raise UsageError(f"the global batch {layout.global_batch} is larger than the "
                          f"{len(splits['train'])} training samples; use a smaller batch")
     layout.steps_per_epoch = min(len(loader), config.steps_per_epoch or len(loader))
+    workload.context = replace(context, steps_per_epoch=layout.steps_per_epoch,
+                               total_steps=layout.epochs * layout.steps_per_epoch)
+
+    seed_all(config.seed)  # identical initial weights on every rank
+    model = workload.build_model()
+    if config.sync_bn:  # before wrapping: strategies shard or split what they are given
+        model = sync_bn.apply(model, world)
+    # counted before wrapping: a pipeline rank keeps only its own stages afterwards
+    parameters = sum(p.numel() for p in model.parameters())
+    model = strategy.wrap(model, world)
+    optimizer = strategy.prepare_optimizer(
+        workload.optimizer(_optimizer_params(model, workload, strategy), layout.lr))
+    seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
+
+    precision = Precision.create(config.precision, world.device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
                                                                           workload))
     val_loader, test_loader = (
@@ -158,6 +164,20 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,
                precision=precision, workers=workers, train_loader=loader,
                val_loader=val_loader, test_loader=test_loader)
+
+
+def _optimizer_params(model: torch.nn.Module, workload: Workload, strategy: Strategy) -> list:
+    """The wrapped model's parameters for the workload's optimizer: as the workload groups
+    them by name (``param_groups``; names as in the model build_model() returned), else all
+    in one group."""
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
+        else model  # DDP prefixes every name with "module."
+    named = [(strategy.checkpoint_name(name), param) for name, param in inner.named_parameters()]
+    groups = workload.param_groups(named)
+    params = [param for _, param in named] if groups is None else groups
+    # a pipeline rank may hold only parameter-free stages (MNIST's flatten); an empty group
+    # keeps its optimizer, lr schedule and checkpoint valid (torch refuses an empty list)
+    return params or [{"params": []}]
 
 
 def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
