@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +24,45 @@ def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
     # 8e-3 in three SGD steps (measured on an AMD EPYC host), failing 1e-5 comparisons for a
     # reason that is not ddl's. (The pytest process itself keeps torch's default.)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([DDL, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_bounded([DDL, *args], cwd=cwd, env=full_env, timeout=timeout)
+
+
+def run_bounded(cmd: list[str], *, timeout: float, cwd: Path | None = None,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True) in a process group of its own. Past
+    `timeout`, or when the test is ended (pytest-timeout), the whole group is killed (a
+    launcher's workers too, not only the launcher); a timeout fails the test with the
+    command and the tail of what it printed."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace",
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:  # what it printed before the kill (pipes a detached grandchild holds stay open)
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            out, err = "<not readable>", "<not readable>"
+        pytest.fail(f"timed out after {timeout:g} s, killed: {shlex.join(map(str, cmd))}"
+                    f"\n(cwd {cwd or os.getcwd()})\n--- last stdout:\n{_tail(out)}"
+                    f"\n--- last stderr:\n{_tail(err)}", pytrace=False)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _tail(text: str | None, lines: int = 40) -> str:
+    return "\n".join((text or "").splitlines()[-lines:]) or "<nothing>"
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -95,3 +134,13 @@ def assert_same_weights(got: dict, want: dict, *, adam: bool = False) -> None:
             bound = 1e-5 * float(expected.double().norm()) + atol * expected.numel() ** 0.5
             assert float(diff.norm()) <= bound, (name, float(diff.norm()), bound)
             assert float(diff.abs().max()) < 1e-4, (name, float(diff.abs().max()))
+
+
+@pytest.fixture(scope="session")
+def rank_pools():
+    """Persistent rank pools by world size (tests/rankpool.py): ``rank_pools[4].run(cell,
+    *args)``. Started on first use, stopped at the end of the session."""
+    from rankpool import pools
+
+    yield pools()
+    pools().close_all()

@@ -7,13 +7,17 @@ is checked by a run in this module (``RUNS``), by a named test elsewhere (``ELSE
 there because it checks more than equivalence), or is impossible with a reason that a test
 shows (``IMPOSSIBLE``). Pipeline cells are per schedule.
 
-Every run goes through the real CLI: N processes under torch's elastic launcher talking over
-gloo, 3 optimizer steps, compared with one single-process reference per workload setup
-(module-scoped, shared by all its cells). Gradients averaged over N replicas of B/N samples
+Every run is what `ddl train` would do - the same flags parsed into the same run plan, the
+worker's own trainer, model.pt and results.json - on a persistent rank pool of N processes
+talking over gloo (tests/rankpool.py, tests/pool_train.py): 3 optimizer steps, compared with
+one single-process reference per workload setup (module-scoped, shared by all its cells,
+run on a pool of one). Starting N processes per run was most of this module's time; the CLI
+path itself is checked by test_cli_run_equals_pool_run here and the end-to-end tests named
+in docs/testing.md. Gradients averaged over N replicas of B/N samples
 equal the gradient of one B-sample batch, so the weights agree to float rounding; the bar is
 1e-5 relative (fp32): per element for SGD (mnist, cifar), per tensor for the AdamW-trained
 xresnet and T5 (conftest.assert_same_weights says why). What makes the ResNets comparable at
-all is BatchNorm that does not depend on how the batch is cut (ddl.contract.batchnorm): `tiny-syncbn`
+all is BatchNorm that does not depend on how the batch is cut (ddl.contract.batchnorm): `--sync-bn`
 for data parallelism, `tiny-ghostbn` (statistics per 8 samples = one microbatch) for
 pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, SGD) or 2e-3
 (imagewoof, AdamW) the first steps are chaotic enough that reduction-order rounding grows to
@@ -21,9 +25,8 @@ pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, 
 gradients ended 1.1e-6 to 6e-6 from one process (over the 1e-6 floor; a ReLU or max-pool
 switch in step 3 can multiply it by 5), at 1e-3 2e-7, while the stem still moves by 3 %.
 
-Cost: 30 runs and 6 references; 9 min wall and 9 min of CPU (user + sys) on the 2-core
-development machine while other jobs kept its load at ~6, so ~5 min on two free cores. It
-replaced test_equivalence.py (MNIST only, ~1.5 min).
+Cost: 30 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
+per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import pytest
 import torch
 
 from conftest import REPO, assert_same_weights, run_ddl
+from pool_train import prepare, train_cell
 
 pytestmark = pytest.mark.distributed
 
@@ -61,9 +65,9 @@ class Setup:
 
 SETUPS = {
     "mnist": Setup("mnist", "tiny", 64),
-    "cifar": Setup("cifar", "tiny-syncbn", 32, ("--lr", "0.01")),
+    "cifar": Setup("cifar", "tiny", 32, ("--sync-bn", "--lr", "0.01")),
     "cifar-pp": Setup("cifar", "tiny-ghostbn", 32, ("--lr", "0.001")),
-    "imagewoof": Setup("imagewoof", "tiny-syncbn", 32, adam=True),  # lr 5e-4 (preset)
+    "imagewoof": Setup("imagewoof", "tiny-exact", 32, ("--sync-bn",), adam=True),  # lr 5e-4
     "imagewoof-pp": Setup("imagewoof", "tiny-ghostbn", 32, adam=True),
     "xsum": Setup("xsum", "tiny", 16, adam=True),
 }
@@ -195,26 +199,42 @@ def data_dirs(tmp_path_factory, request, synthetic_mnist):
     return _DataDirs(tmp_path_factory, request, synthetic_mnist)
 
 
-def _train(run_dir: Path, setup: Setup, data_dir: Path, nproc: int, strategy: str,
+CELL_TIMEOUT_S = 300  # the slowest cell (xsum, 4 ranks) takes ~30 s on a loaded machine
+
+
+def _args(setup: Setup, data_dir: Path, strategy: str, *extra: str) -> list[str]:
+    return [*setup.args(), "--strategy", strategy, "--data-dir", str(data_dir), *extra]
+
+
+def _train(pools, run_dir: Path, setup: Setup, data_dir: Path, nproc: int, strategy: str,
            *extra: str):
-    proc = run_ddl("train", *setup.args(), "--nproc", str(nproc), "--strategy", strategy,
-                   "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra,
-                   cwd=run_dir.parent)
+    """results.json's content and model.pt's weights of the run on a pool of ``nproc``."""
+    plan = prepare(_args(setup, data_dir, strategy, *extra), run_dir, nproc)
+    rank0 = pools[nproc].run(train_cell, plan, timeout_s=CELL_TIMEOUT_S)[0]
+    assert rank0["results"] == json.loads((run_dir / "results.json").read_text())
+    return rank0["results"], rank0["model"]
+
+
+def _train_cli(run_dir: Path, setup: Setup, data_dir: Path, nproc: int, strategy: str,
+               *extra: str):
+    proc = run_ddl("train", *_args(setup, data_dir, strategy, *extra), "--nproc", str(nproc),
+                   "--run-dir", str(run_dir), cwd=run_dir.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return (json.loads((run_dir / "results.json").read_text()),
             torch.load(run_dir / "model.pt", weights_only=True))
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory, data_dirs):
-    """One single-process run per setup, made when first asked for."""
+def references(tmp_path_factory, data_dirs, rank_pools):
+    """One single-process run per setup (a pool of one), made when first asked for."""
     cache: dict[str, tuple] = {}
 
     def get(name: str):
         if name not in cache:
             setup = SETUPS[name]
             run_dir = tmp_path_factory.mktemp(f"ref-{name}") / "run"
-            cache[name] = _train(run_dir, setup, data_dirs[setup.workload], 1, "ddp")
+            cache[name] = _train(rank_pools, run_dir, setup, data_dirs[setup.workload], 1,
+                                 "ddp")
         return cache[name]
 
     return get
@@ -256,13 +276,13 @@ def _assert_memory(strategy: str, nproc: int, one: dict, many: dict) -> None:
 @pytest.mark.parametrize("setup_name, label, nproc, extra", RUNS,
                          ids=[f"{s}-{label}-{n}" + ("-mesh" if "--mesh" in extra else "")
                               for s, label, n, extra in RUNS])
-def test_matches_one_process(tmp_path, data_dirs, references, setup_name, label, nproc,
-                             extra):
+def test_matches_one_process(tmp_path, data_dirs, references, rank_pools, setup_name, label,
+                             nproc, extra):
     setup = SETUPS[setup_name]
     strategy = label.split(":")[0]
     one, want = references(setup_name)
-    many, got = _train(tmp_path / "run", setup, data_dirs[setup.workload], nproc, strategy,
-                       *extra)
+    many, got = _train(rank_pools, tmp_path / "run", setup, data_dirs[setup.workload], nproc,
+                       strategy, *extra)
     assert one["world"]["size"] == 1 and many["world"]["size"] == nproc
     assert many["strategy"] == strategy
     dp = many["world"]["dp_size"]
@@ -286,14 +306,14 @@ def test_matches_one_process(tmp_path, data_dirs, references, setup_name, label,
             assert many["final"][split][metric] == close, (split, metric)
 
 
-def test_fsdp_mixed_precision_policy_takes_effect(tmp_path, data_dirs, references):
+def test_fsdp_mixed_precision_policy_takes_effect(tmp_path, data_dirs, references, rank_pools):
     """--strategy-option param_dtype=bf16 (reduce_dtype=fp32): FSDP2 gathers parameters and
     computes in bf16, so the run trains but ends off the fp32 result by bf16 rounding
     (measured 0.02-0.11 of a tensor's max after 3 Adam steps; fp32 FSDP matches one process
     to 1e-5, above), while the sharded parameters, and so the export, stay fp32."""
     setup = SETUPS["mnist"]
     one, want = references("mnist")
-    bf16, got = _train(tmp_path / "run", setup, data_dirs["mnist"], 2, "fsdp",
+    bf16, got = _train(rank_pools, tmp_path / "run", setup, data_dirs["mnist"], 2, "fsdp",
                        "--strategy-option", "param_dtype=bf16",
                        "--strategy-option", "reduce_dtype=fp32")
     assert bf16["strategy_report"] == {"reshard_after_forward": True, "param_dtype": "bf16",
@@ -303,3 +323,18 @@ def test_fsdp_mixed_precision_policy_takes_effect(tmp_path, data_dirs, reference
     assert max(relative.values()) > 1e-3, relative  # bf16 compute happened
     assert max(relative.values()) < 0.5, relative  # and it is still the same training
     assert bf16["final"]["val"]["loss"] == pytest.approx(one["final"]["val"]["loss"], rel=0.02)
+
+
+def test_cli_run_equals_pool_run(tmp_path, data_dirs, rank_pools):
+    """The pool runs what `ddl train` runs: the same cell through the real CLI (elastic agent,
+    rendezvous, run directory) ends with the same weights, bit for bit, and the same
+    metrics and per-rank model state."""
+    setup, data = SETUPS["mnist"], data_dirs["mnist"]
+    cli, cli_model = _train_cli(tmp_path / "cli", setup, data, 2, "fsdp")
+    pool, pool_model = _train(rank_pools, tmp_path / "pool", setup, data, 2, "fsdp")
+    assert cli_model.keys() == pool_model.keys()
+    assert all(torch.equal(cli_model[k], pool_model[k]) for k in cli_model)
+    assert cli["final"] == pool["final"] and cli["world"] == pool["world"]
+    # peak RSS differs: a pool rank's is its peak over every cell it has run so far
+    assert ([m["model_state_bytes"] for m in cli["memory_per_rank"]]
+            == [m["model_state_bytes"] for m in pool["memory_per_rank"]])
