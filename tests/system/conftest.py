@@ -2,10 +2,12 @@
 
 The Apptainer is Debian sid's 1.4, provided on this Debian 12 machine by
 ../shared/tools/provide-apptainer (also the Debian 12 Python root used as the
-`Bootstrap: localimage` base: registries are unreachable here). Both, and the wheelhouse,
-are cached under .cache/ (ignored by git): a second run skips their ~2 minutes; a fresh
-clone builds them from nothing. Session scope: every system test file that asks for
-`image` shares the same build (it takes minutes on 2 cores).
+`Bootstrap: localimage` base: registries are unreachable here). Both, and the offline
+wheelhouse, are cached outside the checkout (tests/system/build_cache.py: ~/.cache/ddl,
+keyed by the provider script and by requirements.lock), so a fresh clone on the same
+machine reuses them. Session scope: every system test file that asks for `image` shares
+the same build (it takes minutes on 2 cores); under pytest-xdist they share one worker
+(the `container` xdist group).
 
 Which torch: the image is the CPU image, so it gets a CPU build of torch. PyTorch's CPU
 index (the definition's default) is unreachable here; the only CPU torch on this machine
@@ -25,17 +27,71 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_ddl
+from conftest import REPO, run_bounded, run_ddl
+
+from .build_cache import cache_root, entry, held, prune_other_wheelhouses
 
 PROVIDE = Path(os.environ.get("DDL_PROVIDE_APPTAINER",
                               REPO.parent / "shared" / "tools" / "provide-apptainer"))
-CACHE = REPO / ".cache"
-APPTAINER_DIR = CACHE / "apptainer"
+LOCK = REPO / "requirements.lock"
+CACHE = cache_root()
+APPTAINER_DIR = (entry(CACHE, "apptainer", PROVIDE) if PROVIDE.is_file()
+                 else CACHE / "apptainer-unprovided")  # runtime_env says what is missing
 BASE = APPTAINER_DIR / "base"
-WHEELHOUSE = CACHE / "wheelhouse"
+WHEELHOUSE = entry(CACHE, "wheelhouse", LOCK)
 CPU_TORCH = ("torch==2.13.0+cpu", "torchvision==0.28.0")
 # What PyPI's CUDA build of torch brings and a CPU image must not carry.
 CUDA_WHEELS = ("torch-", "torchvision-", "nvidia_", "triton-", "cuda_")
+# Tests that use these share this module's session fixtures (one Apptainer, one image).
+BUILD_FIXTURES = {"runtime_env", "cpu_wheelhouse", "image"}
+# The first of them may fill a cold cache: 361 s with the image build at load 5-6 (warm:
+# 91 s; docs/testing.md); this allows 6x that.
+COLD_CACHE_LIMIT_S = 2400
+# Test files whose tests share a session fixture, and so one pytest-xdist worker: two
+# workers would start the local Slurm twice, or build the image twice.
+WORKER_GROUPS = {"test_slurm.py": "slurm", "test_container.py": "container",
+                 "test_container_builds.py": "container",
+                 "test_container_runtime.py": "container",
+                 "test_container_submit.py": "container"}
+
+
+def worker_group(nodeid: str) -> str | None:
+    path = Path(nodeid.split("::", 1)[0])
+    return WORKER_GROUPS.get(path.name) if path.parent.name == "system" else None
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (.ci/run) with WORKER_GROUPS as the groups. pytest-xdist's own
+    loadgroup cannot group under pytest 9: it renames each marked item's nodeid, which
+    pytest 9 ignores (measured: the Slurm and the image fixtures came up on both workers).
+    Ungrouped tests go to whichever worker is free, as with loadgroup."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid) or nodeid
+
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items):
+    """Keep WORKER_GROUPS true: a test elsewhere that asks for the Slurm or the image
+    fixtures is refused at collection. Tests that may fill a cold build cache get the time
+    that needs (pyproject.toml's default is for everything else)."""
+    for item in items:
+        if not item.path.is_relative_to(Path(__file__).parent):
+            continue
+        used, group = set(item.fixturenames), worker_group(item.nodeid)
+        for fixtures, wanted in (({"slurm"}, "slurm"), (BUILD_FIXTURES, "container")):
+            if fixtures & used and group != wanted:
+                raise pytest.UsageError(f"{item.nodeid} uses {sorted(fixtures & used)}: add "
+                                        f"its file to WORKER_GROUPS as {wanted!r} in "
+                                        f"{Path(__file__).name}")
+        if BUILD_FIXTURES & used and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(COLD_CACHE_LIMIT_S))
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +100,8 @@ def runtime_env() -> dict[str, str]:
     if not PROVIDE.is_file():
         pytest.fail(f"{PROVIDE} not found: the system tests need ../shared/tools beside the "
                     "checkout (or DDL_PROVIDE_APPTAINER)")
-    proc = subprocess.run([str(PROVIDE), str(APPTAINER_DIR)], capture_output=True, text=True,
-                          timeout=1200)
+    with held(APPTAINER_DIR):  # returns at once when another session made it
+        proc = run_bounded([str(PROVIDE), str(APPTAINER_DIR)], timeout=1200)
     assert proc.returncode == 0, f"provide-apptainer failed:\n{proc.stdout}\n{proc.stderr}"
     env = {**os.environ, "PATH": f"{APPTAINER_DIR / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env.pop("DDL_SITE_PATH", None)  # the image must find its own profiles
@@ -56,21 +112,24 @@ def runtime_env() -> dict[str, str]:
 def cpu_wheelhouse(tmp_path_factory) -> Path:
     """scripts/build-wheelhouse.sh's offline wheelhouse with the CPU torch pair in place of
     PyPI's CUDA build: hard links into a directory of this session (several test sessions
-    may build at once), the CPU pair copied from pip's local wheel stores."""
-    wheels = subprocess.run([str(REPO / "scripts" / "build-wheelhouse.sh"), "--torch",
-                             "--offline", str(WHEELHOUSE)], capture_output=True, text=True,
-                            timeout=1800)
-    assert wheels.returncode == 0, wheels.stderr
+    may build at once), the CPU pair copied from pip's local wheel stores. The shared
+    wheelhouse is this lock's cache entry; this clone's ddl wheels replace the previous
+    ones there while it is held."""
     wheelhouse = tmp_path_factory.mktemp("wheelhouse-cpu")
-    for path in WHEELHOUSE.iterdir():
-        if path.is_file() and not path.name.startswith(CUDA_WHEELS):
-            try:
-                os.link(path, wheelhouse / path.name)
-            except OSError:  # another file system
-                shutil.copy2(path, wheelhouse / path.name)
-    torch = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                            "--dest", str(wheelhouse), *CPU_TORCH],
-                           capture_output=True, text=True, timeout=600)
+    with held(WHEELHOUSE):
+        wheels = run_bounded([str(REPO / "scripts" / "build-wheelhouse.sh"), "--torch",
+                              "--offline", str(WHEELHOUSE)], timeout=1800)
+        assert wheels.returncode == 0, wheels.stderr
+        for path in WHEELHOUSE.iterdir():
+            if path.is_file() and not path.name.startswith(CUDA_WHEELS):
+                try:
+                    os.link(path, wheelhouse / path.name)
+                except OSError:  # another file system
+                    shutil.copy2(path, wheelhouse / path.name)
+    for stale in prune_other_wheelhouses(WHEELHOUSE):
+        print(f"removed the wheelhouse of another lock: {stale}")
+    torch = run_bounded([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                         "--dest", str(wheelhouse), *CPU_TORCH], timeout=600)
     assert torch.returncode == 0, torch.stderr
     return wheelhouse
 
@@ -93,5 +152,4 @@ def image(runtime_env, cpu_wheelhouse, tmp_path_factory) -> Path:
 def apptainer(env: dict[str, str], *args: str, cwd: Path | None = None,
               timeout: float = 600) -> subprocess.CompletedProcess:
     """The real apptainer (from `runtime_env`), output captured."""
-    return subprocess.run(["apptainer", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    return run_bounded(["apptainer", *args], env=env, cwd=cwd, timeout=timeout)

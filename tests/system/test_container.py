@@ -61,7 +61,9 @@ def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, im
     results = _results_on_the_host(proc, tmp_path)
     # the image's ddl ran (installed from its wheel), not the checkout's
     assert results["command"][0].startswith("/usr/local/lib/python3"), results["command"]
-    assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu"}
+    assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu",
+                                "parallel": {"pp": 1, "dp_replicate": 2, "dp_shard": 1,
+                                             "tp": 1}}
     assert results["data"] == {"dir": str(tmp_path / "data"), "synthetic": True}
     assert results["versions"]["torch"] == TORCH_VERSION
     assert len(results["epochs"]) == 2 and results["final"]["test"]["accuracy"] > 0.5

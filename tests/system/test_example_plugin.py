@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_ddl
+from conftest import REPO, run_bounded, run_ddl
 
 pytestmark = pytest.mark.system
 
@@ -52,8 +52,8 @@ def venv(tmp_path_factory) -> Path:
 
 def _ddl(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     command = "import sys; from ddl.commands.cli import main; sys.exit(main())"
-    return subprocess.run([str(venv / "bin" / "python"), "-c", command, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    return run_bounded([str(venv / "bin" / "python"), "-c", command, *args], cwd=cwd,
+                       timeout=600)
 
 
 def test_listed_in_the_fresh_venv_only(venv, tmp_path):
@@ -86,10 +86,10 @@ def test_trains_on_two_processes(venv, tmp_path):
 def test_passes_the_conformance_kit(venv, tmp_path):
     """The example's own test file, run as its author would, in the fresh venv."""
     example = venv.parent / "ddl-example-plugin"  # the copy the fixture installed from
-    proc = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q",
-                           "-p", "no:cacheprovider", "--rootdir", str(example),
-                           "-c", str(example / "pyproject.toml"), "--basetemp",
-                           str(tmp_path / "kit"), str(example / "tests")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    proc = run_bounded([str(venv / "bin" / "python"), "-m", "pytest", "-q",
+                        "-p", "no:cacheprovider", "--rootdir", str(example),
+                        "-c", str(example / "pyproject.toml"), "--basetemp",
+                        str(tmp_path / "kit"), str(example / "tests")],
+                       cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "1 passed" in proc.stdout

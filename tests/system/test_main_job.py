@@ -6,19 +6,17 @@ per-epoch loss/accuracy/time and where results.json is, and reach >= 90 % test a
 
 import json
 import re
-import subprocess
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_bounded
 
 pytestmark = pytest.mark.system
 
 
 def test_default_train_run(tmp_path):
     # the checkout's wrapper, exactly as the README runs it (it reuses the existing venv)
-    proc = subprocess.run([str(REPO / "ddl"), "train"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900)
+    proc = run_bounded([str(REPO / "ddl"), "train"], cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "generating a SYNTHETIC stand-in" in out
@@ -31,7 +29,9 @@ def test_default_train_run(tmp_path):
     match = re.search(r"^results: (\S+)$", out, re.M)
     results = json.loads((tmp_path / match.group(1)).read_text())
 
-    assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu"}
+    assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu",
+                                "parallel": {"pp": 1, "dp_replicate": 2, "dp_shard": 1,
+                                             "tp": 1}}
     assert results["plugin"] == "mnist" and results["strategy"] == "ddp"
     assert results["site"] == "local" and results["preset"] == "course"
     assert results["data"]["synthetic"] is True

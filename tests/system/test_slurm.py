@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_ddl
+from conftest import REPO, run_bounded, run_ddl
 
 pytestmark = pytest.mark.system
 
@@ -49,8 +49,7 @@ class Cluster:
     node1_task: str  # what an srun task on node1 printed (addresses, cluster name)
 
     def run(self, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(list(cmd), env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+        return run_bounded(list(cmd), env=self.env, timeout=timeout)
 
     def address(self, name: str) -> str:
         """`name`'s address as a node of the cluster resolves it (never this machine)."""
@@ -62,8 +61,8 @@ class Cluster:
 
 
 def _local_slurm(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LOCAL_SLURM), *args], env={**os.environ, "NETNS": "1"},
-                          capture_output=True, text=True, timeout=timeout)
+    return run_bounded([str(LOCAL_SLURM), *args], env={**os.environ, "NETNS": "1"},
+                       timeout=timeout)
 
 
 @pytest.fixture(scope="session")
@@ -312,12 +311,32 @@ def test_jobs_see_the_cluster_name(slurm):
     assert "SLURM_CLUSTER_NAME=local" in slurm.node1_task, slurm.node1_task
 
 
+def wait_for_restart(cluster: Cluster, job_id: str, timeout: float) -> dict:
+    """Poll until Slurm counts a restart of the job (its script requeued it); fail when the
+    job ends without one or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = show_job(cluster, job_id)
+        if int(info.get("Restarts", "0")) >= 1:
+            return info
+        if (info.get("JobState") in TERMINAL
+                and not cluster.run("squeue", "-h", "-j", job_id).stdout.strip()):
+            pytest.fail(f"job {job_id} ended without a requeue: {info}")
+        if time.monotonic() > deadline:
+            cluster.run("scancel", job_id)
+            pytest.fail(f"job {job_id} not requeued after {timeout} s: {info.get('JobState')}")
+        time.sleep(0.5)  # poll interval only; the deadline decides
+
+
 def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, synthetic_mnist,
                                                                        tmp_path):
     """A 2-minute job whose training needs longer: Slurm signals the batch script
     (--signal=B:USR1@90: 30 s after the start, checked by slurmctld about every 30 s, so
-    it lands 30-60 s in), the run checkpoints and stops, the script requeues the job, the
-    requeued job resumes; meanwhile the same run without a time limit goes through on the
+    it lands 30-60 s in), the run checkpoints and stops, the script requeues the job. As
+    soon as Slurm counts that restart the test raises the job's limit to 15 minutes
+    (`scontrol update JobId=.. TimeLimit=..`, as an admin would), so the requeued job
+    resumes and finishes in one go: exactly one requeue, instead of one per 2-minute slice
+    (five under load). Meanwhile the same run without a time limit goes through on the
     other node. Both end with the same weights. 40 epochs take ~80 s on two idle cores
     (3 epochs, ~6 s, once finished before the signal came)."""
     run = ["--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "16", "--epochs",
@@ -332,19 +351,26 @@ def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, sy
         job_id = re.search(r"^ddl: submitted job (\d+) ", proc.stdout, re.M).group(1)
         jobs[name] = (job_id, Path(re.search(r"^\s+results:\s+(\S+)$", proc.stdout,
                                              re.M).group(1)))
+    limited_id = jobs["limited"][0]
+    requeued = wait_for_restart(slurm, limited_id, timeout=JOB_DEADLINE_S)
+    assert requeued["TimeLimit"] == "00:02:00", requeued
+    raised = slurm.run("scontrol", "update", f"JobId={limited_id}", "TimeLimit=00:15:00")
+    assert raised.returncode == 0, raised.stdout + raised.stderr
     infos = wait_for_jobs(slurm, {name: job_id for name, (job_id, _) in jobs.items()},
-                          timeout=1200)
+                          timeout=2 * JOB_DEADLINE_S)
     logs = {name: next((tmp_path / name).glob("*.out")).read_text() for name in jobs}
     for name in jobs:
         assert infos[name]["JobState"] == "COMPLETED", f"{name}: {infos[name]}\n{logs[name]}"
 
     limited = logs["limited"]
-    assert "checkpointing and stopping" in limited, limited
-    assert "ddl: requeueing job" in limited, limited
-    assert re.search(r"^ddl: resumed from \S+step-\d{8} ", limited, re.M), limited
+    assert infos["limited"]["TimeLimit"] == "00:15:00", infos["limited"]
+    assert limited.count("checkpointing and stopping") == 1, limited
+    assert limited.count("ddl: requeueing job") == 1, limited
+    assert len(re.findall(r"^ddl: resumed from \S+step-\d{8} ", limited, re.M)) == 1, limited
     results = json.loads(jobs["limited"][1].read_text())
-    assert results["restarts"]["slurm_restart_count"] >= 1, results["restarts"]
-    assert int(infos["limited"]["Restarts"]) >= 1, infos["limited"]
+    assert results["restarts"]["slurm_restart_count"] == 1, results["restarts"]
+    assert infos["limited"]["Restarts"] == "1", infos["limited"]
+    assert infos["reference"]["Restarts"] == "0", infos["reference"]
 
     import torch
 
