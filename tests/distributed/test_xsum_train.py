@@ -4,6 +4,7 @@ processes (DDP, gloo) and learns; and 2 ranks end with the weights of 1 process.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -46,7 +47,8 @@ def test_prepare_synthetic_then_tiny_training_learns(tmp_path):
     assert len(epochs) == PRESETS["tiny"].epochs
     assert [e["lr"] for e in epochs] == pytest.approx([5e-3 * 0.7 ** e for e in range(1, 4)])
     test = results["final"]["test"]
-    assert set(test) == {"loss", "token_accuracy", "rouge1", "rouge2", "rougeL"}
+    assert set(test) == {"loss", "token_accuracy", "perplexity", "rouge1", "rouge2", "rougeL"}
+    assert test["perplexity"] == pytest.approx(math.exp(test["loss"]))
     # Learnability: measured test loss 1.84 against 2.71 on the validation split after the
     # first epoch (4.0 averaged over the first epoch's training steps); token accuracy
     # 0.63 against 0.53.

@@ -36,8 +36,10 @@ def evaluate(step, loader, workload: Workload, world: World) -> dict[str, float]
 
 
 def with_derived(means: dict[str, float], workload: Workload) -> dict[str, float]:
-    """The means over all samples plus what the workload derives from them."""
-    return {**means, **workload.derived_metrics(dict(means))} if means else means
+    """The means over all samples plus what the workload derives from them (an object that
+    only quacks like a Workload may lack the method: nothing derived)."""
+    derive = getattr(workload, "derived_metrics", None)
+    return {**means, **derive(dict(means))} if means and derive else means
 
 
 def _batch_len(targets: Any) -> int:
