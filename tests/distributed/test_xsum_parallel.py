@@ -1,9 +1,11 @@
 """T5 (xsum tiny) under FSDP, HSDP, Accelerate, tensor parallel and 2-D FSDP x TP ends where
 one process ends.
 
-Same seed and global batch, 3 AdamW steps, through the real CLI; the weights are compared
-by conftest.assert_same_weights (AdamW: each tensor to 1e-5 relative, see there why not
-each element).
+Same seed and global batch, 3 AdamW steps; the weights are compared by
+conftest.assert_same_weights (AdamW: each tensor to 1e-5 relative, see there why not each
+element). tp and fsdp+tp run through the real CLI (their only end-to-end runs); the
+reference, fsdp, accelerate and HSDP run the worker's own trainer on the session's rank
+pools (tests/pool_train.py), which saves a process start per rank and run.
 """
 
 import json
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from conftest import assert_same_weights, run_ddl
+from pool_train import prepare, train_cell
 
 pytestmark = pytest.mark.distributed
 
@@ -24,18 +27,26 @@ def xsum_data(synthetic_xsum):
     return synthetic_xsum
 
 
-def _train(tmp_path, data_dir, nproc, strategy, *extra):
+CLI_STRATEGIES = ("tp", "fsdp+tp")  # their only runs through launcher and rendezvous
+
+
+def _train(tmp_path, data_dir, nproc, strategy, *extra, pools=None):
+    """(results.json, model.pt) of the run: on a rank pool when given one, else the CLI."""
     run_dir = tmp_path / f"{strategy}-{nproc}"
-    proc = run_ddl(*COMMON, "--nproc", str(nproc), "--strategy", strategy, "--data-dir",
-                   str(data_dir), "--run-dir", str(run_dir), *extra, cwd=tmp_path)
+    args = [*COMMON[1:], "--strategy", strategy, "--data-dir", str(data_dir), *extra]
+    if pools is not None:
+        rank0 = pools[nproc].run(train_cell, prepare(args, run_dir, nproc), timeout_s=300)[0]
+        return rank0["results"], rank0["model"]
+    proc = run_ddl("train", *args, "--nproc", str(nproc), "--run-dir", str(run_dir),
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return (json.loads((run_dir / "results.json").read_text()),
             torch.load(run_dir / "model.pt", weights_only=True))
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, xsum_data):
-    return _train(tmp_path_factory.mktemp("ref"), xsum_data, 1, "ddp")
+def single(tmp_path_factory, xsum_data, rank_pools):
+    return _train(tmp_path_factory.mktemp("ref"), xsum_data, 1, "ddp", pools=rank_pools)
 
 
 @pytest.mark.parametrize("nproc, strategy, extra, dp", [
@@ -44,9 +55,11 @@ def single(tmp_path_factory, xsum_data):
     (2, "tp", (), 1),
     (4, "fsdp+tp", ("--mesh", "dp=2,tp=2"), 2),
 ])
-def test_matches_one_process(tmp_path, xsum_data, single, nproc, strategy, extra, dp):
+def test_matches_one_process(tmp_path, xsum_data, single, rank_pools, nproc, strategy, extra,
+                             dp):
     ref_results, ref = single
-    results, weights = _train(tmp_path, xsum_data, nproc, strategy, *extra)
+    pools = None if strategy in CLI_STRATEGIES else rank_pools
+    results, weights = _train(tmp_path, xsum_data, nproc, strategy, *extra, pools=pools)
     assert results["world"]["size"] == nproc and results["world"]["dp_size"] == dp
     assert_same_weights(weights, ref, adam=True)
     assert results["parameters"] == ref_results["parameters"]
@@ -54,13 +67,14 @@ def test_matches_one_process(tmp_path, xsum_data, single, nproc, strategy, extra
         assert results["final"]["test"][metric] == pytest.approx(value, rel=1e-3, abs=1e-4)
 
 
-def test_hsdp_matches_one_process_and_shards_within_groups(tmp_path, xsum_data, single):
+def test_hsdp_matches_one_process_and_shards_within_groups(tmp_path, xsum_data, single,
+                                                          rank_pools):
     """HSDP (2 replicas of 2 shards) ends where one process ends, and keeps each parameter
     in dp_shard pieces, not world-size pieces: per rank half of the model's parameter bytes
     (a quarter under plain FSDP on 4 ranks)."""
     ref_results, ref = single
     results, weights = _train(tmp_path, xsum_data, 4, "fsdp", "--mesh",
-                              "dp_replicate=2,dp_shard=2")
+                              "dp_replicate=2,dp_shard=2", pools=rank_pools)
     assert results["world"]["parallel"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "tp": 1}
     assert results["world"]["dp_size"] == 4
     assert_same_weights(weights, ref, adam=True)

@@ -3,8 +3,9 @@
 T5 is an encoder-decoder, so xsum builds its own stages (``ddl_xsum.pipeline``); the first
 and last stage each hold a copy of the tied embedding, whose gradient the strategy sums
 across them. The single-process test checks that the stages compose to the model exactly;
-the multi-process tests train 3 AdamW steps through the real CLI with GPipe (2 ranks),
-1F1B (4 ranks, 4 stages) and interleaved 1F1B (2 ranks x 2 stages) against one process.
+the multi-process tests train 3 AdamW steps with GPipe (2 ranks, through the real CLI),
+1F1B (4 ranks, 4 stages), interleaved 1F1B (2 ranks x 2 stages) and 2 replicas x 2 stages
+(on the session's rank pools) against one process.
 
 The weights are compared by conftest.assert_same_weights (AdamW: each tensor to 1e-5
 relative): Adam turns a rounding difference in a near-zero gradient into a visible
@@ -20,6 +21,7 @@ import pytest
 import torch
 
 from conftest import assert_one_line_error, assert_same_weights, run_ddl
+from pool_train import prepare, train_cell
 
 pytestmark = pytest.mark.distributed
 
@@ -32,8 +34,15 @@ def xsum_data(synthetic_xsum):
     return synthetic_xsum
 
 
-def _train(tmp_path, data_dir, nproc, strategy, *extra):
+def _train(tmp_path, data_dir, nproc, strategy, *extra, pools=None):
+    """(results.json, model.pt, the step losses rank 0 printed) of the run: through the CLI,
+    or on a rank pool when given one (tests/pool_train.py; no printed losses then: None)."""
     run_dir = tmp_path / f"{strategy}-{nproc}"
+    if pools is not None:
+        plan = prepare([*COMMON[1:], "--strategy", strategy, "--data-dir", str(data_dir),
+                        *extra], run_dir, nproc)
+        rank0 = pools[nproc].run(train_cell, plan, timeout_s=300)[0]
+        return rank0["results"], rank0["model"], None
     proc = run_ddl(*COMMON, "--nproc", str(nproc), "--strategy", strategy, "--data-dir",
                    str(data_dir), "--run-dir", str(run_dir), *extra, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -91,14 +100,18 @@ def test_stages_compose_to_the_model(cuts):
 
 
 @pytest.mark.parametrize("nproc, extra, stages, dp", [
-    (2, (), 2, 1),                                                     # GPipe
+    (2, (), 2, 1),                                                     # GPipe (the CLI)
     (4, ("--strategy-option", "schedule=1f1b"), 4, 1),
     (2, ("--strategy-option", "schedule=interleaved1f1b"), 4, 1),      # 2 stages per rank
     (4, ("--mesh", "dp=2,pp=2"), 2, 2),                                # 2 replicas x 2 stages
 ])
-def test_matches_one_process(tmp_path, xsum_data, single, nproc, extra, stages, dp):
+def test_matches_one_process(tmp_path, xsum_data, single, rank_pools, nproc, extra, stages,
+                             dp):
+    """The first case runs through the CLI (launcher, printed losses); the others on the
+    session's rank pools."""
     ref_results, ref, ref_losses = single
-    results, weights, losses = _train(tmp_path, xsum_data, nproc, "pp", *extra)
+    pools = rank_pools if extra else None
+    results, weights, losses = _train(tmp_path, xsum_data, nproc, "pp", *extra, pools=pools)
     assert results["world"] == {**ref_results["world"], "size": nproc, "dp_size": dp,
                                 "parallel": {"pp": nproc // dp, "dp_replicate": dp,
                                              "dp_shard": 1, "tp": 1}}
@@ -111,8 +124,8 @@ def test_matches_one_process(tmp_path, xsum_data, single, nproc, extra, stages, 
     assert torch.equal(weights["shared.weight"], weights["lm_head.weight"])
 
     # the loss lives on the last stage; rank 0 (the first stage) prints it all the same
-    assert len(losses) == len(ref_losses) == 3
-    if dp == 1:  # with replicas, rank 0 prints its own replica's loss (as under DDP)
+    if losses is not None:
+        assert len(losses) == len(ref_losses) == 3
         assert losses == pytest.approx(ref_losses, abs=1.5e-4)  # printed with 4 decimals
     # evaluation and ROUGE (generated from the gathered model) agree with one process
     assert set(results["final"]["test"]) == set(ref_results["final"]["test"]) >= {"rouge1"}
