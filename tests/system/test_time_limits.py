@@ -68,7 +68,12 @@ def test_command_past_its_timeout_is_killed_with_its_children_and_named(tmp_path
     assert "echo started" in message and f"(cwd {tmp_path})" in message
     assert "--- last stdout:\nstarted" in message and "--- last stderr:\nto-stderr" in message
     child = int(pid_file.read_text())
-    assert not _running(child)  # the background sleep went with its launcher
+    # the background sleep went with its launcher: SIGKILL to the group is delivered
+    # asynchronously, so poll (with a deadline) until the kernel has ended it
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(child)
 
 
 def _running(pid: int) -> bool:
