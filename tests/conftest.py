@@ -65,6 +65,19 @@ def _tail(text: str | None, lines: int = 40) -> str:
     return "\n".join((text or "").splitlines()[-lines:]) or "<nothing>"
 
 
+def install_plugin(site: Path, module: str, body: str, entry: str | None = None) -> dict:
+    """A plugin installed as a third party ships one, as importlib.metadata sees it: a
+    dist-info directory with a `ddl` entry point, beside its module, in ``site``. Returns
+    the environment that puts ``site`` on the path of the `ddl` commands a test runs."""
+    dist = module.replace("_", "-")
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[ddl]\n{entry or module} = {module}\n")
+    (site / f"{module}.py").write_text(body)
+    return {"PYTHONPATH": str(site)}
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     """Bad input: exit 2, exactly one line on stderr naming the problem, no traceback."""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

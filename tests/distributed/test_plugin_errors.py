@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, run_ddl
+from conftest import REPO, install_plugin, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -35,18 +35,10 @@ def ddl_register_workloads():
 """
 
 
-def _install(root, body):
-    info = root / "ddl_badreshape-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ddl-badreshape\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[ddl]\nbadreshape = ddl_badreshape\n")
-    (root / "ddl_badreshape.py").write_text(body)
-
-
 def test_failing_forward_is_one_line_per_rank_with_the_traceback_in_a_file(tmp_path):
     src = REPO / "docs" / "examples" / "ddl-example-plugin" / "src"
-    _install(tmp_path / "site", PLUGIN.format(src=str(src)))
-    env = {"PYTHONPATH": str(tmp_path / "site")}
+    env = install_plugin(tmp_path / "site", "ddl_badreshape", PLUGIN.format(src=str(src)),
+                         entry="badreshape")
     data, run_dir = tmp_path / "data", tmp_path / "run"
     prepared = run_ddl("prepare", "--plugin", "badreshape", "--synthetic", "--data-dir",
                        str(data), env=env)

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from conftest import REPO, run_ddl
+from conftest import REPO, install_plugin, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -61,14 +61,8 @@ def ddl_register_workloads():
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("told")
-    site = root / "site"
-    info = site / "ddl_told-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ddl-told\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[ddl]\ntold = ddl_told\n")
     src = REPO / "docs" / "examples" / "ddl-example-plugin" / "src"
-    (site / "ddl_told.py").write_text(PLUGIN.format(src=str(src)))
-    env = {"PYTHONPATH": str(site)}
+    env = install_plugin(root / "site", "ddl_told", PLUGIN.format(src=str(src)), entry="told")
     proc = run_ddl("prepare", "--plugin", "told", "--synthetic", "--data-dir",
                    str(root / "data"), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, assert_one_line_error, run_ddl
+from conftest import REPO, assert_one_line_error, install_plugin, run_ddl
 from ddl.contract.hookspecs import hookimpl
 from ddl.contract.plugins import Plugins
 from ddl.contract.specs import Preset, WorkloadSpec
@@ -60,13 +60,7 @@ def test_explicit_registration():
 
 
 def _install_fake_distribution(root: Path, module_body: str) -> None:
-    """A real installed distribution as importlib.metadata sees it: a dist-info directory
-    with an entry_points.txt in the `ddl` group, beside its module."""
-    info = root / "broken_plugin-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[ddl]\nbroken = broken_plugin_mod\n")
-    (root / "broken_plugin_mod.py").write_text(module_body)
+    install_plugin(root, "broken_plugin_mod", module_body, entry="broken")
 
 
 def test_broken_plugin_is_reported_and_the_rest_keep_working(tmp_path):
