@@ -4,7 +4,7 @@ The theory holds when every stage costs the same and communication is free next 
 MNIST tiny is neither (0.86 measured against 0.20), so this benchmark builds the case the
 theory describes: a chain of equal blocks, one per stage, whose hand-off between stages is
 narrow (``boundary`` features). It runs through ddl's real pipeline strategy
-(``ddl_strategies.pp.PipelineStrategy``: the stages, the schedule, the p2p hand-offs, the
+(``ddl_strategies.shorthands.Pipeline``, ddl_strategies.pipeline: the stages, the schedule, the p2p hand-offs, the
 per-rank compute timers and ``report()``), only without the trainer around it, and writes
 what ``report()`` says, per schedule and microbatch count, as JSON.
 
@@ -142,14 +142,15 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     torch.set_num_threads(1)  # one core per stage: stages must not compete for threads
     from ddl.worker.distributed import init_world
     from ddl.worker.precision import Precision
-    from ddl_strategies.pp import PipelineStrategy
+    from ddl_strategies.pipeline import schedule_choice
+    from ddl_strategies.shorthands import Pipeline
 
     world = init_world("cpu", "cpu", "gloo")
-    strategy = PipelineStrategy({"schedule": schedule})
+    strategy = Pipeline({"schedule": schedule})
     strategy.configure(SimpleNamespace(microbatches=microbatches))
     strategy.parallel = strategy.resolve_layout({}, world.size)  # one pipeline, as the trainer
     # interleaved schedules hold v stages per rank: one equal block per stage
-    workload = _toy_workload(replace(settings, stages=settings.stages * strategy.v))
+    workload = _toy_workload(replace(settings, stages=settings.stages * schedule_choice(strategy.options)[1]))
     strategy.check(workload, world)
     batch = microbatches * settings.microbatch
     strategy.check_layout(SimpleNamespace(batch_per_replica=batch))
@@ -172,10 +173,11 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     # CPU seconds per busy second (matmul compute only): about 1 when each stage had a core
     # to itself; well below 1 means the process waited for a core while "computing" (other
     # jobs on the machine), and the bubble reads high
-    share = cpu / strategy.busy if strategy.busy else float("nan")
+    pipe = strategy.pipeline  # ddl_strategies.pipeline.Pipeline: the stages' timing
+    share = cpu / pipe.busy if pipe.busy else float("nan")
     report["cpu_per_busy_second_per_rank"] = [None] * world.size
     torch.distributed.all_gather_object(report["cpu_per_busy_second_per_rank"], share)
-    report["busy_s_per_step"] = strategy.busy / max(strategy.steps - 1, 1)
+    report["busy_s_per_step"] = pipe.busy / max(pipe.steps - 1, 1)
     if rank == 0:
         out.write_text(json.dumps(report))
     torch.distributed.destroy_process_group()

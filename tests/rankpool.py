@@ -18,8 +18,9 @@ that one is internal API bound to unittest classes.
   and the next cell starts a fresh one, because a failed rank can leave the others inside a
   collective that will never complete.
 - After every cell each rank destroys the process groups and the library state the cell
-  created (DeviceMesh groups, DTensor's RNG tracker, Accelerate's singletons), so a strategy
-  run leaves nothing behind for the next one.
+  created (DeviceMesh groups, DTensor's RNG tracker, Accelerate's singletons), and each
+  cell runs in a thread of its own (DTensor's caches are per thread), so a strategy run
+  leaves nothing behind for the next one.
 - Ranks run like ddl's workers: ``OMP_NUM_THREADS=1`` and one intra-op thread, the launcher's
   environment variables (RANK, WORLD_SIZE, ...). They are daemonic and die with the parent
   (PR_SET_PDEATHSIG), and ``close_all`` (atexit, and the session fixture's finaliser) stops
@@ -216,13 +217,8 @@ def _serve(rank: int, size: int, port: int, conn, collective_timeout_s: float) -
             break
         if message is None:
             break
-        cell, args, kwargs = message
-        try:
-            reply = ("ok", cell(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
-            reply = ("error", _summary(exc))
-        finally:
-            _forget_cell_state()
+        reply = _in_own_thread(*message)
+        _forget_cell_state()
         try:
             conn.send_bytes(pickle.dumps(reply))
         except Exception as exc:  # noqa: BLE001 - e.g. a result that does not pickle
@@ -230,6 +226,28 @@ def _serve(rank: int, size: int, port: int, conn, collective_timeout_s: float) -
     dist.destroy_process_group()
     conn.close()
     os._exit(0)  # skip interpreter teardown (gloo's can abort: ddl.worker.entry.exit_now)
+
+
+def _in_own_thread(cell, args, kwargs) -> tuple[str, Any]:
+    """("ok", result) or ("error", summary) of ``cell`` run in a thread of its own. A
+    DeviceMesh equals every other of its shape made in the same thread, and DTensor keeps
+    per-thread caches keyed by it: a later cell's mesh would find entries holding an
+    earlier cell's mesh, whose process groups are destroyed. A fresh thread per cell is a
+    fresh key, as a fresh process would be."""
+    import threading
+
+    reply: list[tuple[str, Any]] = []
+
+    def run() -> None:
+        try:
+            reply.append(("ok", cell(*args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the test
+            reply.append(("error", _summary(exc)))
+
+    thread = threading.Thread(target=run, name="cell")
+    thread.start()
+    thread.join()
+    return reply[0]
 
 
 def _joined() -> int:

@@ -25,7 +25,7 @@ pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, 
 gradients ended 1.1e-6 to 6e-6 from one process (over the 1e-6 floor; a ReLU or max-pool
 switch in step 3 can multiply it by 5), at 1e-3 2e-7, while the stem still moves by 3 %.
 
-Cost: 30 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
+Cost: 38 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
 per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
 """
 
@@ -100,12 +100,25 @@ RUNS = [
     ("xsum", "ddp", 2, ()), ("xsum", "ddp", 4, ()),
     ("xsum", "fsdp", 4, ()), ("xsum", "accelerate", 4, ()), ("xsum", "tp", 4, ()),
     ("xsum", "fsdp+tp", 2, ("--mesh", "dp=1,tp=2")),
+    # --mesh alone (strategy "mesh", ddl_strategies.compose): layouts no shorthand names
+    ("mnist", "mesh", 2, ("--mesh", "pp=2", "--microbatches", "4")),
+    ("mnist", "mesh", 4, ("--mesh", "dp_replicate=2,dp_shard=2")),  # HSDP on a CNN
+    ("mnist", "mesh", 4, ("--mesh", "pp=2,dp_shard=2", "--microbatches", "2")),  # pp x fsdp
+    # ResNets: pipelines only; their ghost BatchNorm groups (8 samples = one microbatch)
+    # are not one process's once a sampler deals samples to replicas in turn. pp x dp_shard
+    # on a ResNet is checked against pp x dp_replicate in test_layout_3d.py instead.
+    ("cifar-pp", "mesh", 2, ("--mesh", "pp=2", "--microbatches", "4")),
+    ("imagewoof-pp", "mesh", 2, ("--mesh", "pp=2", "--microbatches", "4")),
+    ("xsum", "mesh", 2, ("--mesh", "pp=2")),
+    ("xsum", "mesh", 4, ("--mesh", "pp=2,tp=2")),  # pp x tp
+    ("xsum", "mesh", 4, ("--mesh", "pp=2,dp_shard=2")),  # pp x fsdp
 ]
 
 # Cells checked by tests of other modules: (workload, label, nproc) -> node id prefix.
 _SYNCBN = "test_cifar_train.py::test_synchronised_batchnorm_makes_two_ranks_match_one"
 _XSUM = "test_xsum_parallel.py::test_matches_one_process"
 _CIFAR_PP = "test_cifar_train.py::test_pipeline_matches_one_process"
+_RESNET_PP_FSDP = "test_layout_3d.py::test_resnet_pipeline_shards_as_it_replicates"
 ELSEWHERE = {
     ("cifar", "ddp", 2): _SYNCBN + "[ddp]",
     ("cifar", "fsdp", 2): _SYNCBN + "[fsdp]",
@@ -118,6 +131,8 @@ ELSEWHERE = {
     ("xsum", "fsdp+tp", 4): _XSUM + "[4-fsdp+tp-",
     ("xsum", "pp:gpipe", 2): "test_xsum_pp.py::test_matches_one_process[2-extra0-",
     ("xsum", "pp:1f1b", 4): "test_xsum_pp.py::test_matches_one_process[4-extra1-",
+    ("cifar", "mesh", 4): _RESNET_PP_FSDP + "[cifar-pp]",
+    ("imagewoof", "mesh", 4): _RESNET_PP_FSDP + "[imagewoof-pp]",
     ("xsum", "pp:interleaved1f1b", 2): "test_xsum_pp.py::test_matches_one_process[2-extra2-",
 }
 
@@ -271,10 +286,17 @@ def _assert_memory(strategy: str, nproc: int, one: dict, many: dict) -> None:
     elif strategy == "pp":  # each replica's stages hold one model between them
         dp = many["world"]["dp_size"]
         assert sum(per_rank) == dp * full and max(per_rank) < full, (per_rank, full)
+    elif strategy == "mesh":  # 1/dp_shard of a replica (HSDP: not 1/N), split by stages
+        p = many["world"]["parallel"]
+        assert max(per_rank) <= full / p["dp_shard"] * 1.10, (p, per_rank, full)
+        # stages hold tied weights once each (T5's embedding: a quarter of the model)
+        extra = 1.30 if p["pp"] > 1 else 1.10
+        assert sum(per_rank) <= p["dp_replicate"] * p["tp"] * full * extra, (p, per_rank, full)
 
 
 @pytest.mark.parametrize("setup_name, label, nproc, extra", RUNS,
-                         ids=[f"{s}-{label}-{n}" + ("-mesh" if "--mesh" in extra else "")
+                         ids=[f"{s}-{label}-{n}" + (f"-{extra[extra.index('--mesh') + 1]}"
+                                                    if "--mesh" in extra else "")
                               for s, label, n, extra in RUNS])
 def test_matches_one_process(tmp_path, data_dirs, references, rank_pools, setup_name, label,
                              nproc, extra):
@@ -288,7 +310,11 @@ def test_matches_one_process(tmp_path, data_dirs, references, rank_pools, setup_
     dp = many["world"]["dp_size"]
     mesh = dict(d.split("=") for d in extra[extra.index("--mesh") + 1].split(",")) \
         if "--mesh" in extra else {}
-    assert dp == int(mesh.get("dp", {"pp": 1, "tp": 1, "fsdp+tp": 1}.get(strategy, nproc)))
+    if strategy == "mesh":  # what --mesh leaves open is dp_shard
+        split = int(mesh.get("pp", 1)) * int(mesh.get("tp", 1))
+        assert dp == nproc // split
+    else:
+        assert dp == int(mesh.get("dp", {"pp": 1, "tp": 1, "fsdp+tp": 1}.get(strategy, nproc)))
     assert many["batch"] == {"per_replica": setup.batch // dp, "global": setup.batch}
     assert one["steps_per_epoch"] == many["steps_per_epoch"] == 3
     if strategy == "pp":

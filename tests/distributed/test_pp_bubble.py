@@ -1,6 +1,6 @@
 """The pipeline bubble ddl reports matches (p-1)/(v*m+p-1) on a balanced split.
 
-Runs benchmarks/pp_bubble.py small: 2 real processes over gloo, ddl's PipelineStrategy with
+Runs benchmarks/pp_bubble.py small: 2 real processes over gloo, ddl's pipeline strategy with
 its schedules, p2p hand-offs and compute timers, on a chain of equal blocks. The reported
 idle fraction is a ratio of two times measured in the same run.
 

@@ -30,7 +30,7 @@ def test_shipped_strategies_are_installed_entry_points():
     eps = {ep.name: ep for ep in metadata.entry_points(group="ddl")}
     assert eps["strategies"].dist.name == "ddl-strategies"
     found = {s.name for s in Plugins().strategies().values() if s.plugin == "strategies"}
-    assert found == {"ddp", "fsdp", "accelerate", "pp", "tp", "fsdp+tp"}
+    assert found == {"mesh", "ddp", "fsdp", "accelerate", "pp", "tp", "fsdp+tp"}
 
 
 def test_cli_sees_what_the_entry_points_provide():

@@ -12,7 +12,7 @@ import torch
 
 from ddl.contract.world import World
 from ddl.contract.errors import UsageError
-from ddl_strategies.pp import PipelineStrategy
+from ddl_strategies.shorthands import Pipeline
 
 pytestmark = pytest.mark.unit
 
@@ -20,10 +20,17 @@ GPU_WORLD = World(rank=0, local_rank=0, size=2, device=torch.device("cuda", 0), 
 
 
 def _check(precision: str) -> None:
-    strategy = PipelineStrategy()
+    strategy = Pipeline()
     strategy.configure(SimpleNamespace(precision=precision, mesh={}, microbatches=None))
     strategy.parallel = strategy.resolve_layout({}, GPU_WORLD.size)  # as the trainer does
-    strategy.check(workload=None, world=GPU_WORLD)
+    strategy.check(workload=_Splittable(), world=GPU_WORLD)
+
+
+class _Splittable:
+    """Only what the check reads: a workload that declares pipeline split points."""
+
+    def pipeline_splits(self, model):
+        return ["second"]
 
 
 def test_fp16_is_refused_with_what_is_allowed():

@@ -192,8 +192,8 @@ def test_ddl_plugins_lists_xsum_with_presets_and_capabilities(tmp_path):
     names = lines[lines.index(header) + 1].split()
     support = next(line for line in lines[i + 2:] if line.split()[:1] == ["xsum"])
     cells = dict(zip(names, support.split()[1:]))
-    assert cells == {"ddp": "yes", "fsdp": "yes", "accelerate": "yes", "pp": "yes", "tp": "yes",
-                     "fsdp+tp": "yes"}, support
+    assert cells == {"mesh": "yes", "ddp": "yes", "fsdp": "yes", "accelerate": "yes",
+                     "pp": "yes", "tp": "yes", "fsdp+tp": "yes"}, support
     spec = Plugins().workload("xsum")
     assert spec.capabilities == {"fsdp_units", "tp_plan", "pipeline_splits"}
     assert spec.plugin == "xsum"  # found through its installed entry point

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ddl.contract.world import World
-from ddl_strategies.ddp import DDPStrategy
+from ddl_strategies.shorthands import DDP as DDPStrategy
 from ddl_xsum import synthetic
 from ddl_xsum.plugin import PRESETS
 from ddl_xsum.workload import XsumWorkload, shift_right

@@ -17,7 +17,7 @@ COMMANDS = {"train": "train:cmd_train", "prepare": "train:cmd_prepare",
             "submit": "submit:cmd_submit", "container": "container:cmd_container",
             "scale": "scaling:cmd_scale", "report": "report:cmd_report",
             "plugins": "listings:cmd_plugins", "sites": "listings:cmd_sites",
-            "doctor": "doctor:cmd_doctor"}
+            "doctor": "doctor:cmd_doctor", "layout": "layout:cmd_layout"}
 
 
 def _command(name: str):

@@ -44,12 +44,14 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     S = argparse.SUPPRESS  # only flags actually given override the config file and site
     p.add_argument("--config", type=Path, default=S, help="TOML file of run settings")
     p.add_argument("--plugin", default=S, help="workload plugin (default: mnist)")
-    p.add_argument("--strategy", default=S, help="parallelism strategy (default: ddp)")
+    p.add_argument("--strategy", default=S, help="parallelism strategy (default: ddp; with "
+                   "--mesh alone: mesh, which composes whatever --mesh names)")
     p.add_argument("--site", default=S, help="site profile (default: local)")
     p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
     p.add_argument("--mesh", type=_mesh, default=S, metavar="DIM=N,...",
                    help="parallel degrees by name (pp, dp_replicate, dp_shard, tp; dp = the "
-                        "strategy's data parallelism): dp=2,tp=2 (fsdp+tp), dp=2,pp=2 (pp)")
+                        "strategy's data parallelism): pp=2,tp=2,dp_shard=2 (3-D), "
+                        "dp_replicate=2,dp_shard=2 (HSDP); the unnamed rest is dp_shard")
     p.add_argument("--microbatches", type=int, default=S,
                    help="pipeline microbatches per step (pp; default: 2 x stages)")
     p.add_argument("--strategy-option", dest="strategy_options", action="append",
@@ -163,6 +165,7 @@ def make_parser() -> argparse.ArgumentParser:
     _container_parser(sub)
     _measure_parsers(sub)
 
+    _layout_parser(sub)
     sub.add_parser("plugins", help="list installed workloads and strategies")
     sites = sub.add_parser("sites", help="list known site profiles (name, short names, "
                            "description, file); `sites show NAME` prints one")
@@ -199,6 +202,18 @@ def _measure_parsers(sub) -> None:
     report.add_argument("--output", type=Path, help="default: the runs' common parent")
     report.add_argument("--peak-flops", metavar="FLOPS|measure",
                         help="device peak for MFU instead of the one in results.json")
+
+
+def _layout_parser(sub) -> None:
+    layout = sub.add_parser("layout", help="which rank holds what under a --mesh: "
+                                           "coordinates, process groups, node crossings")
+    layout.add_argument("--mesh", type=_mesh, default={}, metavar="DIM=N,...",
+                        help="degrees by name, as `ddl train --mesh` without --strategy "
+                             "(pp, dp_replicate, dp_shard, tp; dp = dp_shard; the rest is "
+                             "dp_shard)")
+    layout.add_argument("--nproc", type=int, help="processes per node (default: the "
+                                                   "product of the degrees / --nodes)")
+    layout.add_argument("--nodes", type=int, default=1, help="default: 1")
 
 
 def _container_parser(sub) -> None:

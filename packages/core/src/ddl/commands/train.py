@@ -93,7 +93,7 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
                          "here: --device cpu (or run inside a job that requests GPUs)")
     stand_in = World(rank=0, local_rank=0, size=plan.world_size,
                      device=torch.device("cuda" if gpu else "cpu"), backend=site.backend)
-    workload, _, _ = build(config, stand_in, plugins)
+    workload, strategy, layout = build(config, stand_in, plugins)
     data_dir = Path(config.data_dir)
     if not may_generate_data and not data_dir.is_dir():
         from ddl.launch import container_inside
@@ -117,6 +117,9 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
               flush=True)
         workload.prepare(data_dir, synthetic=True)
         workload.check_data(data_dir)
+    from ddl.worker.setup import check_model_fits
+
+    check_model_fits(workload, strategy, layout, stand_in, data_dir)
 
 
 def cmd_prepare(ns: argparse.Namespace) -> int:

@@ -29,6 +29,12 @@ from ddl.contract.errors import UsageError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")  # outermost first
 DATA_PARALLEL = ("dp_replicate", "dp_shard")
+# How --mesh resolves when no strategy is named (the composed strategy "mesh",
+# ddl_strategies.compose, and `ddl layout`): every dimension, dp meaning dp_shard, and
+# what --mesh leaves open is FSDP-sharded.
+MESH_ALLOWED = frozenset(DIMS) | {"dp"}
+MESH_DP_MEANS = "dp_shard"
+MESH_FILL = ("dp_shard",)
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,19 @@ class ParallelLayout:
         """Which share of the global batch ``rank`` trains on."""
         at = self.coordinates(rank)
         return at["dp_replicate"] * self.dp_shard + at["dp_shard"]
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """The process groups of ``dim``: ranks that differ only in that coordinate (the
+        ones that talk over it), by their first rank. The same groups as ``mesh[dim]`` of
+        :meth:`device_mesh` (tests/distributed/test_layout_groups.py)."""
+        if dim not in DIMS:
+            raise ValueError(f"no dimension {dim!r}; the dimensions are {', '.join(DIMS)}")
+        stride = 1  # ranks between neighbours along dim: the sizes of the faster dims
+        for inner in DIMS[DIMS.index(dim) + 1:]:
+            stride *= getattr(self, inner)
+        size = getattr(self, dim)
+        return [[first + k * stride for k in range(size)]
+                for first in range(self.world_size) if self.coordinates(first)[dim] == 0]
 
     def describe(self) -> str:
         """e.g. ``pp=2 x dp_shard=2 x tp=2`` (the degrees above 1; ``1 process`` if none)."""
@@ -122,8 +141,9 @@ def resolve(mesh: Mapping[str, int], world_size: int, *, strategy: str,
                          f"the world has {world_size}; the product of the degrees must equal it")
     for dim, least in (minimum or {}).items():
         if getattr(layout, dim) < least:
-            raise UsageError(f"--mesh: {strategy} needs {dim} >= {least}, but {layout.describe()} "
-                             f"on {world_size} processes gives {dim}={getattr(layout, dim)}; "
-                             f"allowed: {dim} >= {least} (more processes, or a smaller degree "
-                             "elsewhere)")
+            where = "--mesh" if dim in mesh else f"--strategy {strategy}"
+            raise UsageError(f"{where}: {strategy} needs {dim} >= {least}, but {world_size} "
+                             f"process(es) as {layout.describe()} give {dim}="
+                             f"{getattr(layout, dim)}; allowed: at least {least} processes on "
+                             f"{dim} (more processes, or smaller degrees elsewhere)")
     return layout

@@ -104,6 +104,11 @@ class Strategy(ABC):
         """Raise :class:`ddl.contract.errors.UsageError` naming what is supported if this strategy
         cannot run ``workload`` on ``world``."""
 
+    def check_model(self, model: nn.Module, workload: Workload) -> None:
+        """Raise UsageError if the layout does not fit ``model`` (built on the meta device:
+        shapes only), before any worker starts: e.g. heads that tensor parallel must
+        divide. Default: nothing to check."""
+
     def data_parallel_size(self, world: World) -> int:
         """How many replicas see different data (the global batch is split over them)."""
         return self.parallel.dp

@@ -37,7 +37,8 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plugin: str = Field("mnist", description="workload plugin")
-    strategy: str = Field("ddp", description="parallelism strategy")
+    strategy: str = Field("ddp", description="parallelism strategy (default: ddp; 'mesh' "
+                          "where --mesh is given without it)")
     site: str = Field("auto", description="site profile; 'auto' detects it")
     launcher: Literal["auto", "local", "srun", "torchrun", "torchrun_jsc"] = Field(
         "auto", description="'auto': local processes outside Slurm, the site's style inside")
@@ -155,6 +156,8 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
     user["site"] = site.name
     merged: dict[str, Any] = site.defaults.model_dump(exclude_none=True)
     merged.update(user)
+    if merged.get("mesh") and "strategy" not in merged:
+        merged["strategy"] = "mesh"  # --mesh alone: the layout says everything
     data_dir_is_default = "data_dir" not in user
     merged.setdefault("data_dir", "data")
     try:

@@ -72,6 +72,25 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
     return workload, strategy, layout
 
 
+def check_model_fits(workload: Workload, strategy: Strategy, layout: Layout, world: World,
+                     data_dir: Path) -> None:
+    """The pre-flight's look at the model itself: built on the meta device (no memory, no
+    initialisation), handed to :meth:`Strategy.check_model` (heads that tensor parallel
+    must divide, split points a pipeline needs). A workload whose model cannot be built
+    that way is checked by the workers instead, as before."""
+    workload.context = RunContext(data_dir=data_dir, world=world, parallel=strategy.parallel,
+                                  epochs=layout.epochs, global_batch=layout.global_batch,
+                                  batch_per_replica=layout.batch_per_replica)
+    try:
+        with torch.device("meta"):
+            model = workload.build_model()
+    except UsageError:
+        raise
+    except Exception:  # noqa: BLE001 - e.g. pretrained weights that refuse the meta device
+        return
+    strategy.check_model(model, workload)
+
+
 @dataclass
 class Run:
     """Everything one run trains with, built once by ``set_up``. ``step`` counts optimizer

@@ -31,85 +31,54 @@ is ~1/S of DDP's instead of 1/N; inter-node traffic drops to one gradient all-re
 step. Ranks of one shard group are neighbours (ddl.contract.layout: dp_shard varies faster
 than dp_replicate).
 
-Checkpoints are sharded through ``torch.distributed.checkpoint``; ``full_state_dict``
-gathers plain tensors for export.
+Checkpoints are sharded through ``torch.distributed.checkpoint``. Here: the options and
+``shard`` (what FSDP does to one module); ddl_strategies.compose decides when it runs and
+over which slice of the run's DeviceMesh (after tensor parallel and the pipeline split).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ddl.contract.errors import UsageError
-from ddl.contract.strategy import Strategy
-from ddl.contract.workload import Workload
-from ddl.contract.world import World
+
+OPTIONS_HELP = {"reshard_after_forward": "free gathered parameters after forward "
+                                         "(default true)",
+                "param_dtype": "dtype of gathered parameters and compute: fp32, bf16, "
+                               "fp16 (default fp32)",
+                "reduce_dtype": "dtype of the gradient reduce-scatter: fp32, bf16, fp16 "
+                                "(default: param_dtype)"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class FSDPStrategy(Strategy):
-    name = "fsdp"
-    mesh_dims = frozenset({"dp", "dp_shard", "dp_replicate"})  # dp_replicate > 1: HSDP
-    dp_means = "dp_shard"
-    layout_fill = ("dp_shard", "dp_replicate")
-    options_help = {"reshard_after_forward": "free gathered parameters after forward "
-                                             "(default true)",
-                    "param_dtype": "dtype of gathered parameters and compute: fp32, bf16, "
-                                   "fp16 (default fp32)",
-                    "reduce_dtype": "dtype of the gradient reduce-scatter: fp32, bf16, fp16 "
-                                    "(default: param_dtype)"}
-    DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+def check_options(options: dict[str, str]) -> None:
+    for name in ("param_dtype", "reduce_dtype"):
+        value = options.get(name)
+        if value is not None and value not in DTYPES:
+            raise UsageError(f"--strategy-option: {name}={value!r}; allowed: "
+                             f"{', '.join(DTYPES)}")
 
-    def __init__(self, options=None) -> None:
-        super().__init__(options)
-        self.workload: Workload | None = None
-        for name in ("param_dtype", "reduce_dtype"):
-            value = self.options.get(name)
-            if value is not None and value not in self.DTYPES:
-                raise UsageError(f"--strategy-option: {name}={value!r}; allowed: "
-                                 f"{', '.join(self.DTYPES)}")
 
-    def mixed_precision(self) -> MixedPrecisionPolicy:
-        """FSDP2's policy from the options (unset: FSDP's own default, no casting)."""
-        param, reduce = (self.options.get(n) for n in ("param_dtype", "reduce_dtype"))
-        return MixedPrecisionPolicy(param_dtype=self.DTYPES.get(param),
-                                    reduce_dtype=self.DTYPES.get(reduce))
+def mixed_precision(options: dict[str, str]) -> MixedPrecisionPolicy:
+    """FSDP2's policy from the options (unset: FSDP's own default, no casting)."""
+    param, reduce = (options.get(n) for n in ("param_dtype", "reduce_dtype"))
+    return MixedPrecisionPolicy(param_dtype=DTYPES.get(param), reduce_dtype=DTYPES.get(reduce))
 
-    def check(self, workload: Workload, world: World) -> None:
-        self.workload = workload  # wrap() asks it for the sharding units
 
-    def wrap(self, model: nn.Module, world: World) -> nn.Module:
-        model = model.to(world.device)
-        replicas, shards = self.parallel.dp_replicate, self.parallel.dp_shard
-        if replicas == 1:
-            mesh = init_device_mesh(world.device.type, (shards,), mesh_dim_names=("dp_shard",))
-        else:  # HSDP: FSDP2 replicates over a 2-D mesh's first dimension, shards the second
-            mesh = init_device_mesh(world.device.type, (replicas, shards),
-                                    mesh_dim_names=("dp_replicate", "dp_shard"))
-        reshard = self.option_flag("reshard_after_forward", True)
-        policy = self.mixed_precision()
-        units = self.workload.fsdp_units(model) if self.workload else []
-        for unit in units:
-            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-        # The root holds what no unit owns (stem, head, norms) and drives the schedule.
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-        return model
+def shard(module: nn.Module, units: list[nn.Module], mesh, *, reshard: bool,
+          options: dict[str, str]) -> None:
+    """``fully_shard`` each unit, then the root ``module`` (which holds what no unit owns:
+    stem, head, norms, and drives the schedule). ``mesh``: 1-D (dp_shard) for FSDP, 2-D
+    (dp_replicate, dp_shard) for HSDP."""
+    policy = mixed_precision(options)
+    for unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
 
-    def generation_model(self, model: nn.Module, world: World) -> nn.Module:
-        """A plain copy gathered from the shards (see ddl_strategies.gathered)."""
-        from ddl_strategies.gathered import gathered_copy
 
-        return gathered_copy(self.workload, model, world.device)
-
-    def report(self, world: World) -> dict:
-        return {"reshard_after_forward": self.option_flag("reshard_after_forward", True),
-                "param_dtype": self.options.get("param_dtype", "fp32"),
-                "reduce_dtype": self.options.get("reduce_dtype",
-                                                 self.options.get("param_dtype", "fp32"))}
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        # A collective: every rank takes part; with cpu_offload only rank 0 keeps the result.
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options)
+def report(options: dict[str, str], reshard: bool) -> dict[str, object]:
+    return {"reshard_after_forward": reshard,
+            "param_dtype": options.get("param_dtype", "fp32"),
+            "reduce_dtype": options.get("reduce_dtype", options.get("param_dtype", "fp32"))}

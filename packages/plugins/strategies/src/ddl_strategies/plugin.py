@@ -8,15 +8,23 @@ from ddl.contract.specs import StrategySpec
 def ddl_register_strategies():
     return [
         StrategySpec(
+            name="mesh",
+            summary="any layout from --mesh (pp, dp_replicate, dp_shard, tp): pipeline, then "
+                    "tensor parallel, then FSDP/HSDP (DDP when only replicating); what "
+                    "`ddl train --mesh ...` uses without --strategy",
+            factory="ddl_strategies.compose:MeshStrategy",
+            sync_bn=False,  # data-parallel groups are slices of the world
+        ),
+        StrategySpec(
             name="ddp",
             summary="DistributedDataParallel: full replica per process, gradients all-reduced",
-            factory="ddl_strategies.ddp:DDPStrategy",
+            factory="ddl_strategies.shorthands:DDP",
         ),
         StrategySpec(
             name="fsdp",
             summary="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded "
                     "over the ranks",
-            factory="ddl_strategies.fsdp:FSDPStrategy",
+            factory="ddl_strategies.shorthands:FSDP",
         ),
         StrategySpec(
             name="accelerate",
@@ -27,19 +35,19 @@ def ddl_register_strategies():
             name="pp",
             summary="pipeline parallel (torch.distributed.pipelining): stages over ranks, "
                     "GPipe/1F1B/interleaved schedules",
-            factory="ddl_strategies.pp:PipelineStrategy",
+            factory="ddl_strategies.shorthands:Pipeline",
             requires=frozenset({"pipeline_splits"}), sync_bn=False,  # ranks hold other layers
         ),
         StrategySpec(
             name="tp",
             summary="tensor parallel (DTensor, Megatron-style column/row splits)",
-            factory="ddl_strategies.tp:TensorParallelStrategy",
+            factory="ddl_strategies.shorthands:TensorParallel",
             requires=frozenset({"tp_plan"}), sync_bn=False,  # dp group < world
         ),
         StrategySpec(
             name="fsdp+tp",
-            summary="2-D: FSDP over --mesh dp x tensor parallel over tp",
-            factory="ddl_strategies.fsdp_tp:FSDPTensorParallelStrategy",
+            summary="2-D: FSDP over --mesh dp x tensor parallel over tp (default tp=2)",
+            factory="ddl_strategies.shorthands:FSDPTensorParallel",
             requires=frozenset({"tp_plan"}), sync_bn=False,  # dp group < world
         ),
     ]

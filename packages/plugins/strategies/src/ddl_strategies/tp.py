@@ -11,15 +11,17 @@ input rows: every rank multiplies its share and one all-reduce sums the partial 
 The workload says which layers are which (``tp_plan``: module path pattern -> "colwise" or
 "rowwise"; ``*`` matches one path component, as in torch's plans) and adjusts attributes
 that count heads (``prepare_tensor_parallel``). All ranks see the same batch, so the data-
-parallel degree is 1; combine with FSDP on a 2-D mesh for both (``fsdp+tp``).
+parallel degree is 1; ddl_strategies.compose combines it with FSDP and pipelines.
 """
 
 from __future__ import annotations
 
+from fnmatch import fnmatch
+
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -27,48 +29,35 @@ from torch.distributed.tensor.parallel import (
 )
 
 from ddl.contract.errors import UsageError
-from ddl.contract.strategy import Strategy
 from ddl.contract.workload import Workload
-from ddl.contract.world import World
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
-def apply_tensor_parallel(model: nn.Module, workload: Workload, mesh: DeviceMesh) -> None:
-    """Shard ``model`` over the 1-D ``mesh`` by the workload's plan (shared with fsdp+tp)."""
-    plan = workload.tp_plan(model)
+def apply_tensor_parallel(model: nn.Module, workload: Workload, mesh: DeviceMesh,
+                          plan: dict[str, str]) -> None:
+    """Shard ``model`` (a whole model or one pipeline stage, whose modules keep the whole
+    model's paths) over the 1-D ``mesh`` by the workload's ``plan`` for the whole model;
+    paths the module does not hold are skipped."""
     unknown = sorted({style for style in plan.values()} - set(STYLES))
     if unknown:
         raise UsageError(f"the workload's tp_plan uses style {unknown[0]!r}; allowed: "
                          f"{', '.join(STYLES)}")
+    held = _held(model, plan)
     workload.prepare_tensor_parallel(model, mesh.size())
-    parallelize_module(model, mesh, {path: STYLES[style]() for path, style in plan.items()})
+    if held:
+        parallelize_module(model, mesh, {path: STYLES[plan[path]]() for path in held})
+
+
+def _held(model: nn.Module, plan: dict[str, str]) -> list[str]:
+    """The plan's paths (fnmatch per component, as torch reads them) that ``model`` holds."""
+    names = [name.split(".") for name, _ in model.named_modules() if name]
+    return [path for path in plan
+            if any(len(parts) == len(name) and all(map(fnmatch, name, parts))
+                   for parts in [path.split(".")] for name in names)]
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Plain, gathered tensors from a DTensor-sharded model (a collective)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
-
-
-class TensorParallelStrategy(Strategy):
-    name = "tp"
-    layout_fill = ("tp",)  # every rank computes on the same batch, with its slice of each matrix
-
-    def check(self, workload: Workload, world: World) -> None:
-        if world.size < 2:
-            raise UsageError("--strategy tp: needs at least 2 processes; allowed: --nproc 2+")
-        self.workload = workload
-
-    def wrap(self, model: nn.Module, world: World) -> nn.Module:
-        model = model.to(world.device)
-        mesh = init_device_mesh(world.device.type, (world.size,), mesh_dim_names=("tp",))
-        apply_tensor_parallel(model, self.workload, mesh)
-        return model
-
-    def generation_model(self, model: nn.Module, world: World) -> None:
-        """None: generate on the tensor-parallel model itself, all ranks on the same inputs
-        (each forward runs collectives; a gathered copy would cost a whole model per rank)."""
-
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        return full_state(model)

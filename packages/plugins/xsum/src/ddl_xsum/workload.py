@@ -159,6 +159,8 @@ class XsumWorkload(Workload):
 
     # --- model, loss, metrics -----------------------------------------------------------
     def build_model(self) -> nn.Module:
+        if self._data_dir is None and self.context is not None:
+            self._data_dir = Path(self.context.data_dir)  # the pre-flight's meta build
         if self._data_dir is None:
             raise RuntimeError("XsumWorkload.build_model() needs datasets() first (it reads "
                                "the tokenizer and model files from the data directory)")
@@ -301,9 +303,9 @@ class XsumWorkload(Workload):
             if isinstance(module, T5Attention):
                 if module.n_heads % tp_degree:
                     from ddl.contract.errors import UsageError
-                    raise UsageError(f"--strategy tp: {module.n_heads} attention heads do not "
-                                     f"split over {tp_degree} ranks; allowed: a divisor of "
-                                     f"{module.n_heads}")
+                    raise UsageError(f"--mesh: tp={tp_degree}, but {module.n_heads} attention "
+                                     f"heads do not split over {tp_degree} ranks; allowed: tp "
+                                     f"dividing {module.n_heads}")
                 module.n_heads //= tp_degree
                 module.inner_dim //= tp_degree
 
