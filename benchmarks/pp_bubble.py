@@ -140,6 +140,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     import torch
 
     torch.set_num_threads(1)  # one core per stage: stages must not compete for threads
+    from ddl.contract.strategy import StrategyContext
     from ddl.worker.distributed import init_world
     from ddl.worker.precision import Precision
     from ddl_strategies.pipeline import schedule_choice
@@ -147,15 +148,16 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
 
     world = init_world("cpu", "cpu", "gloo")
     strategy = Pipeline({"schedule": schedule})
-    strategy.configure(SimpleNamespace(microbatches=microbatches))
-    strategy.parallel = strategy.resolve_layout({}, world.size)  # one pipeline, as the trainer
     # interleaved schedules hold v stages per rank: one equal block per stage
-    workload = _toy_workload(replace(settings, stages=settings.stages * schedule_choice(strategy.options)[1]))
-    strategy.check(workload, world)
+    v = schedule_choice(strategy.options)[1]
+    workload = _toy_workload(replace(settings, stages=settings.stages * v))
+    run = StrategyContext(world=world, layout=strategy.resolve_layout({}, world.size),
+                          workload=workload, microbatches=microbatches)  # as the trainer
+    strategy.check(run)
     batch = microbatches * settings.microbatch
-    strategy.check_layout(SimpleNamespace(batch_per_replica=batch))
+    strategy.check_layout(run, SimpleNamespace(batch_per_replica=batch))
     torch.manual_seed(0)
-    model = strategy.wrap(workload.build_model(), world)
+    model = strategy.wrap(workload.build_model(), run)
     optimizer = workload.optimizer(model.parameters(), 1e-4)
     precision = Precision.create("fp32", world.device)
     generator = torch.Generator().manual_seed(1)
@@ -166,14 +168,14 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
         inputs = torch.randn(batch, settings.boundary or settings.width,
                              generator=generator).requires_grad_()
         before = time.process_time()
-        strategy.train_step(model, (inputs, inputs), workload, optimizer, precision)
-        if step:  # pp.py leaves the first step out as well
+        strategy.train_step(model, (inputs, inputs), run, optimizer, precision)
+        if step:  # the pipeline leaves the first step out as well
             cpu += time.process_time() - before
-    report = strategy.report(world)
+    report = strategy.report(model, run)
     # CPU seconds per busy second (matmul compute only): about 1 when each stage had a core
     # to itself; well below 1 means the process waited for a core while "computing" (other
     # jobs on the machine), and the bubble reads high
-    pipe = strategy.pipeline  # ddl_strategies.pipeline.Pipeline: the stages' timing
+    pipe = model.pipeline  # ddl_strategies.pipeline.Pipeline: the stages' timing
     share = cpu / pipe.busy if pipe.busy else float("nan")
     report["cpu_per_busy_second_per_rank"] = [None] * world.size
     torch.distributed.all_gather_object(report["cpu_per_busy_second_per_rank"], share)

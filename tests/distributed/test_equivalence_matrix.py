@@ -25,7 +25,7 @@ pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, 
 gradients ended 1.1e-6 to 6e-6 from one process (over the 1e-6 floor; a ReLU or max-pool
 switch in step 3 can multiply it by 5), at 1e-3 2e-7, while the stem still moves by 3 %.
 
-Cost: 38 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
+Cost: 39 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
 per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
 """
 

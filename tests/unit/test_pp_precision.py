@@ -5,13 +5,13 @@ that is never touched (the check only asks which precision the run would use), s
 the one place the device is a stand-in. bf16 and fp32 pass the same check.
 """
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from ddl.contract.world import World
 from ddl.contract.errors import UsageError
+from ddl.contract.strategy import StrategyContext
 from ddl_strategies.shorthands import Pipeline
 
 pytestmark = pytest.mark.unit
@@ -21,9 +21,8 @@ GPU_WORLD = World(rank=0, local_rank=0, size=2, device=torch.device("cuda", 0), 
 
 def _check(precision: str) -> None:
     strategy = Pipeline()
-    strategy.configure(SimpleNamespace(precision=precision, mesh={}, microbatches=None))
-    strategy.parallel = strategy.resolve_layout({}, GPU_WORLD.size)  # as the trainer does
-    strategy.check(workload=_Splittable(), world=GPU_WORLD)
+    strategy.check(StrategyContext(world=GPU_WORLD, layout=strategy.resolve_layout({}, 2),
+                                   workload=_Splittable(), precision=precision))
 
 
 class _Splittable:

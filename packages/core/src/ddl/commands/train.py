@@ -93,7 +93,8 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
                          "here: --device cpu (or run inside a job that requests GPUs)")
     stand_in = World(rank=0, local_rank=0, size=plan.world_size,
                      device=torch.device("cuda" if gpu else "cpu"), backend=site.backend)
-    workload, strategy, layout = build(config, stand_in, plugins)
+    strategy, context, layout = build(config, stand_in, plugins)
+    workload = context.workload
     data_dir = Path(config.data_dir)
     if not may_generate_data and not data_dir.is_dir():
         from ddl.launch import container_inside
@@ -119,7 +120,7 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
         workload.check_data(data_dir)
     from ddl.worker.setup import check_model_fits
 
-    check_model_fits(workload, strategy, layout, stand_in, data_dir)
+    check_model_fits(strategy, context, layout, data_dir)
 
 
 def cmd_prepare(ns: argparse.Namespace) -> int:

@@ -14,10 +14,10 @@ from ddl.contract.errors import DataError, DataMissing, DdlError, UsageError
 from ddl.contract.hookspecs import hook_returning, hookimpl
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.specs import Preset, StrategySpec, WorkloadSpec
-from ddl.contract.strategy import Strategy
+from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 
 __all__ = ["DataError", "DataMissing", "DdlError", "ParallelLayout", "Preset", "RunContext",
-           "Strategy", "StrategySpec", "UsageError", "Workload", "WorkloadSpec", "World",
+           "Strategy", "StrategyContext", "StrategySpec", "UsageError", "Workload", "WorkloadSpec", "World",
            "hook_returning", "hookimpl"]

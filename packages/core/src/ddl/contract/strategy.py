@@ -1,14 +1,24 @@
 """The strategy interface: how a model is spread over processes and how one step runs.
 
-Each strategy lives in one readable module of a strategy plugin (``ddl_strategies.ddp``
-for DistributedDataParallel). The trainer calls, in order: :meth:`check` (before anything
-is built), :meth:`wrap`, then :meth:`train_step` per batch, :meth:`eval_model` for
-evaluation and :meth:`full_state_dict` to export the trained weights.
+A strategy is its options and nothing else: what a call needs about the run - the
+processes, the layout and its degrees, the workload, the settings that shape a step -
+comes as an argument, a :class:`StrategyContext` the trainer makes once per run. What a
+built parallelism must remember (a pipeline's schedule, Accelerate's accelerator) lives on
+the wrapped model that :meth:`Strategy.wrap` returns. So a strategy keeps nothing between
+calls, and one object could serve any number of runs.
+
+The trainer calls, in order: :meth:`~Strategy.resolve_layout` and :meth:`~Strategy.check`
+(before anything is built; the CLI's pre-flight runs them too, and
+:meth:`~Strategy.check_model` on a meta-device model), :meth:`~Strategy.wrap`, then
+:meth:`~Strategy.train_step` per batch, :meth:`~Strategy.eval_step` for evaluation and
+:meth:`~Strategy.full_state_dict` to export the trained weights. The strategies ddl ships
+are one recipe, ``ddl_strategies.compose``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddl.contract.layout import ParallelLayout, resolve
@@ -20,6 +30,19 @@ if TYPE_CHECKING:
     from ddl.contract.workload import Workload
     from ddl.contract.world import World
     from ddl.worker.precision import Precision
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """What every strategy call may need about its run, made once by the trainer
+    (``ddl.worker.setup.build``) and passed as an argument."""
+
+    world: World
+    layout: ParallelLayout  # the degrees (Strategy.resolve_layout of --mesh)
+    workload: Workload
+    microbatches: int | None = None  # --microbatches as given (pipelines)
+    clip_grad_norm: float | None = None  # --clip-grad-norm
+    precision: str = "fp32"  # --precision as given ("auto" resolves per device)
 
 
 class Strategy(ABC):
@@ -37,8 +60,6 @@ class Strategy(ABC):
     layout_fill: tuple[str, ...] = ("dp_replicate",)
     layout_defaults: dict[str, int] = {}
     layout_minimum: dict[str, int] = {}
-    #: This run's layout, set by the trainer (``resolve_layout``) before :meth:`check`.
-    parallel: ParallelLayout = ParallelLayout()
     #: Whether ``--microbatches`` means something to this strategy.
     uses_microbatches: bool = False
 
@@ -75,16 +96,6 @@ class Strategy(ABC):
             return False
         raise UsageError(f"--strategy-option: {name}={value!r}; allowed: true, false")
 
-    def configure(self, config: Any) -> None:
-        """Receive the run configuration (``--mesh``, ``--microbatches``) before check(),
-        refusing microbatches this strategy would silently ignore."""
-        from ddl.contract.errors import UsageError
-
-        self.config = config
-        if getattr(config, "microbatches", None) and not self.uses_microbatches:
-            raise UsageError(f"--microbatches: {self.name} does not split batches into "
-                             "microbatches; it is for pipeline strategies (pp)")
-
     def resolve_layout(self, mesh: dict[str, int], world_size: int) -> ParallelLayout:
         """The degrees this strategy runs ``--mesh`` with on ``world_size`` processes; a
         dimension it does not use, or degrees that do not fit the world, are refused."""
@@ -92,77 +103,73 @@ class Strategy(ABC):
                        dp_means=self.dp_means, fill=self.layout_fill,
                        defaults=self.layout_defaults, minimum=self.layout_minimum)
 
-    def check_layout(self, layout: Any) -> None:
-        """Check the resolved batch layout (e.g. microbatches dividing the batch)."""
+    def check(self, run: StrategyContext) -> None:
+        """Raise :class:`ddl.contract.errors.UsageError` naming what is supported if this
+        strategy cannot run ``run.workload`` on this layout. The default refuses
+        microbatches the strategy would silently ignore."""
+        from ddl.contract.errors import UsageError
 
-    def report(self, world: World) -> dict[str, Any]:
-        """Strategy-specific measurements for results.json (a collective: all ranks call
-        it; return the same dict everywhere)."""
-        return {}
+        if run.microbatches and not self.uses_microbatches:
+            raise UsageError(f"--microbatches: {self.name} does not split batches into "
+                             "microbatches; it is for pipeline strategies (pp)")
 
-    def check(self, workload: Workload, world: World) -> None:
-        """Raise :class:`ddl.contract.errors.UsageError` naming what is supported if this strategy
-        cannot run ``workload`` on ``world``."""
+    def check_layout(self, run: StrategyContext, batch: Any) -> None:
+        """Check the resolved batch layout (``batch.batch_per_replica``: e.g. microbatches
+        dividing it)."""
 
-    def check_model(self, model: nn.Module, workload: Workload) -> None:
+    def check_model(self, model: nn.Module, run: StrategyContext) -> None:
         """Raise UsageError if the layout does not fit ``model`` (built on the meta device:
         shapes only), before any worker starts: e.g. heads that tensor parallel must
         divide. Default: nothing to check."""
 
-    def data_parallel_size(self, world: World) -> int:
-        """How many replicas see different data (the global batch is split over them)."""
-        return self.parallel.dp
-
-    def data_parallel_rank(self, world: World) -> int:
-        return self.parallel.dp_rank(world.rank)
+    def report(self, model: nn.Module, run: StrategyContext) -> dict[str, Any]:
+        """Strategy-specific measurements for results.json (a collective: all ranks call
+        it; return the same dict everywhere)."""
+        return {}
 
     @abstractmethod
-    def wrap(self, model: nn.Module, world: World) -> nn.Module:
-        """Place ``model`` on ``world.device`` and parallelise it."""
+    def wrap(self, model: nn.Module, run: StrategyContext) -> nn.Module:
+        """Place ``model`` on ``run.world.device`` and parallelise it; what the parallelism
+        must remember between steps belongs on the returned module."""
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module
+                          ) -> torch.optim.Optimizer:
         """Called once the optimizer exists (built on the wrapped model's parameters)."""
         return optimizer
 
-    def train_step(self, model: nn.Module, batch: tuple[Any, Any], workload: Workload,
+    def train_step(self, model: nn.Module, batch: tuple[Any, Any], run: StrategyContext,
                    optimizer: torch.optim.Optimizer, precision: Precision
-                   ) -> tuple[torch.Tensor, Any]:
-        """Forward, backward, optimizer step; returns (detached mean loss, outputs)."""
+                   ) -> tuple[Any, ...]:
+        """Forward, backward, optimizer step; returns (detached mean loss, outputs) and,
+        where ``--clip-grad-norm`` clipped, the global gradient norm before clipping as a
+        third element."""
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
-            outputs = workload.forward(model, inputs)
-            loss = workload.loss(outputs, targets)
+            outputs = run.workload.forward(model, inputs)
+            loss = run.workload.loss(outputs, targets)
         precision.backward(loss)
-        self.clip_gradients(model, optimizer, precision)
+        norm = self.clip_gradients(model, run, optimizer, precision)
         precision.step(optimizer)
-        return loss.detach(), outputs
+        return loss.detach(), outputs, norm
 
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                       precision: Precision) -> None:
+    def clip_gradients(self, model: nn.Module, run: StrategyContext,
+                       optimizer: torch.optim.Optimizer, precision: Precision) -> Any:
         """``--clip-grad-norm``: scale the gradients to a global 2-norm of at most that
-        (ddl.contract.grad_norm; DTensor shards and replicas counted as one model)."""
-        max_norm = getattr(getattr(self, "config", None), "clip_grad_norm", None)
-        if not max_norm:
-            return
+        (ddl.contract.grad_norm; DTensor shards and replicas counted as one model);
+        returns the norm before clipping, or None when not clipping."""
+        if not run.clip_grad_norm:
+            return None
         from ddl.contract.grad_norm import clip_grad_norm
 
         precision.unscale(optimizer)
-        self.record_grad_norm(clip_grad_norm(model.parameters(), max_norm))
-
-    def record_grad_norm(self, norm: Any) -> None:
-        """Keep a clipped step's norm (before clipping) for the epoch's record."""
-        self.__dict__.setdefault("grad_norms", []).append(float(norm))
-
-    def take_grad_norms(self) -> list[float]:
-        """The norms recorded since the last call (the trainer's, once per epoch)."""
-        return self.__dict__.pop("grad_norms", [])
+        return clip_grad_norm(model.parameters(), run.clip_grad_norm)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The module to run evaluation forwards on."""
         return model
 
-    def generation_model(self, model: nn.Module, world: World) -> nn.Module | None:
+    def generation_model(self, model: nn.Module, run: StrategyContext) -> nn.Module | None:
         """A whole model that every rank holds as plain tensors, for loops a workload runs
         itself after training (e.g. ``generate()``, which bypasses a wrapper's forward), so
         that ranks may feed it different inputs. ``model`` is what :meth:`eval_model`
@@ -172,52 +179,55 @@ class Strategy(ABC):
         model itself, which suits strategies whose ranks hold full replicas."""
         return model
 
-    def eval_step(self, model: nn.Module, inputs: Any, targets: Any, workload: Workload,
+    def eval_step(self, model: nn.Module, inputs: Any, targets: Any, run: StrategyContext,
                   precision: Precision) -> Any:
         """Outputs for one evaluation batch, or None on ranks that produce none (all ranks
         call it with the same batch shape)."""
         with precision.autocast():
-            return workload.forward(self.eval_model(model), inputs)
+            return run.workload.forward(self.eval_model(model), inputs)
 
-    def checkpoint_name(self, fqn: str) -> str:
+    def checkpoint_name(self, fqn: str, run: StrategyContext) -> str:
         """A parameter's name in checkpoints, given its name in the wrapped model. The
         default suits strategies whose state dicts already use the unwrapped model's names
         (torch's get_state_dict strips DDP/FSDP prefixes)."""
         return fqn
 
-    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer
-                         ) -> dict[str, Any]:
+    def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                         run: StrategyContext) -> dict[str, Any]:
         """Model and optimizer state for ``torch.distributed.checkpoint``, keyed by the
         unwrapped model's parameter names so that any strategy and world size can load it.
         Each rank holds only its own shards (DTensors under FSDP/TP)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        from ddl.contract.state_names import rename_state
-
-        if not model.state_dict():  # a pipeline rank holding only parameter-free stages
-            self._checkpoint_names = {}  # (torch's get_state_dict refuses an empty model)
-            return {"model": {}, "optim": {}}
-        model_state, optim_state = get_state_dict(
-            model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
-        state, self._checkpoint_names = rename_state(
-            {"model": model_state, "optim": optim_state}, self.checkpoint_name)
-        return state
+        return self._named_state(model, optimizer, run)[0]
 
     def load_checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                              state: dict[str, Any]) -> None:
+                              state: dict[str, Any], run: StrategyContext) -> None:
         """Put a state filled by ``torch.distributed.checkpoint`` (from
         :meth:`checkpoint_state`) back into the run."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         from ddl.contract.state_names import restore_names
 
-        if not state["model"]:  # nothing held here (see checkpoint_state)
+        if not state["model"]:  # nothing held here (see _named_state)
             return
-        original = restore_names(state, self._checkpoint_names)
+        original = restore_names(state, self._named_state(model, optimizer, run)[1])
         set_state_dict(model, optimizer, model_state_dict=original["model"],
                        optim_state_dict=original["optim"],
                        options=StateDictOptions(flatten_optimizer_state_dict=True))
 
+    def _named_state(self, model, optimizer, run) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(state under checkpoint names, the way back to the model's own names)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        from ddl.contract.state_names import rename_state
+
+        if not model.state_dict():  # a pipeline rank holding only parameter-free stages
+            return {"model": {}, "optim": {}}, {}  # (torch's get_state_dict refuses those)
+        model_state, optim_state = get_state_dict(
+            model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+        return rename_state({"model": model_state, "optim": optim_state},
+                            lambda fqn: self.checkpoint_name(fqn, run))
+
     @abstractmethod
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+    def full_state_dict(self, model: nn.Module, run: StrategyContext
+                        ) -> dict[str, torch.Tensor]:
         """The complete, unwrapped weights (plain tensors; valid on rank 0 at least)."""

@@ -11,17 +11,17 @@ them; :meth:`Workload.forward` and :meth:`Workload.to_device` are the places to 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddl.contract.context import RunContext
     import torch
     from torch import nn
     from torch.utils.data import Dataset
 
+    from ddl.contract.context import RunContext
     from ddl.contract.specs import Preset
-    from ddl.contract.strategy import Strategy
 
 SPLITS = ("train", "val", "test")
 
@@ -196,10 +196,12 @@ class Workload(ABC):
         return [nn.Sequential(OrderedDict(children)) for children in stages]
 
     def test_report(self, model: nn.Module, dataset: Dataset, world: Any,
-                    strategy: Strategy) -> dict[str, Any]:
+                    whole_model: Callable[[], nn.Module | None]) -> dict[str, Any]:
         """Optional extra test metrics computed once after training (e.g. ROUGE on generated
-        summaries). Called on every rank with the evaluation module and the strategy (ask
-        its :meth:`~ddl.contract.strategy.Strategy.generation_model` for a whole model to
-        run loops of your own on); return the same dict everywhere (reduce across ranks
-        yourself) or {} to skip."""
+        summaries). Called on every rank with the evaluation module. For loops of your own
+        (``generate()``) call ``whole_model()`` on every rank (a collective): a whole model
+        every rank holds as plain tensors (share the samples out over the ranks), or None
+        where the parameters stay distributed (tensor parallel: every rank then runs
+        ``model`` on the same inputs). Return the same dict everywhere (reduce across
+        ranks yourself) or {} to skip."""
         return {}

@@ -152,8 +152,8 @@ def set_rng_states(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(run_dir: Path, world: World, strategy, model, optimizer, trainer: TrainerState,
-         keep: int) -> Path:
+def save(run_dir: Path, world: World, strategy, context, model, optimizer,
+         trainer: TrainerState, keep: int) -> Path:
     """Write one checkpoint (a collective: every rank calls it) and return its path."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -168,7 +168,7 @@ def save(run_dir: Path, world: World, strategy, model, optimizer, trainer: Train
         partial.mkdir()
     dist.barrier()
 
-    dcp.save(strategy.checkpoint_state(model, optimizer), checkpoint_id=partial)
+    dcp.save(strategy.checkpoint_state(model, optimizer, context), checkpoint_id=partial)
     buffer = _to_bytes(rng_states())
     _write_synced(partial / f"rng-{world.rank:05d}.pt", buffer)
     if world.is_main:
@@ -208,18 +208,18 @@ def _prune(root: Path, keep: int) -> None:
 
 
 # --- loading -----------------------------------------------------------------------------
-def load(path: Path, world: World, strategy, model, optimizer) -> TrainerState:
+def load(path: Path, world: World, strategy, context, model, optimizer) -> TrainerState:
     """Load model, optimizer and this rank's RNG states into an already built run."""
     import torch
     import torch.distributed.checkpoint as dcp
 
-    state = strategy.checkpoint_state(model, optimizer)
+    state = strategy.checkpoint_state(model, optimizer, context)
     try:
         dcp.load(state, checkpoint_id=path)
     except Exception as exc:  # DCP gathers every rank's traceback into one exception
         raise UsageError(f"--resume: {path} does not fit this model and strategy: "
                          f"{_first_reason(exc)}") from None
-    strategy.load_checkpoint_state(model, optimizer, state)
+    strategy.load_checkpoint_state(model, optimizer, state, context)
     trainer = read_trainer_state(path)
     rng = path / f"rng-{world.rank:05d}.pt"
     if trainer.world_size == world.size and rng.is_file():

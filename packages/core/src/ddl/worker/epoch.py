@@ -46,6 +46,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     model.train()
     sums = MetricSums(world.device)
     data_wait = 0.0
+    norms: list[float] = []
     _sync(world.device)
     t0 = time.perf_counter()
     batches = iter(loader)
@@ -53,8 +54,10 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
         t_fetch = time.perf_counter()
         batch = workload.to_device(next(batches), world.device)
         data_wait += time.perf_counter() - t_fetch
-        loss, outputs = run.strategy.train_step(model, batch, workload, run.optimizer,
-                                                run.precision)
+        loss, outputs, *clipped = run.strategy.train_step(model, batch, run.context,
+                                                          run.optimizer, run.precision)
+        if clipped and clipped[0] is not None:  # --clip-grad-norm: the norm before clipping
+            norms.append(float(clipped[0]))
         run.scheduler.step()
         profiler.step()
         run.step += 1
@@ -79,7 +82,6 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
             return Trained(stop=stop)
     _sync(world.device)
     seconds = time.perf_counter() - t0
-    norms = run.strategy.take_grad_norms()
     return Trained(metrics=with_derived(sums.reduce(world), workload), seconds=seconds,
                    data_wait=data_wait,
                    grad_norm=sum(norms) / len(norms) if norms else None)

@@ -57,7 +57,7 @@ def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
     if saved.epoch > layout.epochs:
         raise UsageError(f"--resume: {path} already completed {saved.epoch - 1} epoch(s); "
                          f"ask for more with --epochs (now {layout.epochs})")
-    checkpoint.load(path, run.world, run.strategy, run.model, run.optimizer)
+    checkpoint.load(path, run.world, run.strategy, run.context, run.model, run.optimizer)
     run.scheduler.load_state_dict(saved.scheduler)
     run.say(f"ddl: resumed from {path} (step {saved.step}, epoch {saved.epoch}, "
             f"batch {saved.position} of the epoch; saved by {saved.world_size} rank(s) "

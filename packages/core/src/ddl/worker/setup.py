@@ -1,7 +1,8 @@
 """Setting up one training run: from a run configuration to a model ready to train.
 
-``build`` resolves the workload and strategy plugins, lets the strategy check the pair and
-works out batch sizes and the learning rate (a ``Layout``). It builds no model, so the CLI can
+``build`` resolves the workload and strategy plugins, makes the strategy's context (the
+workload, the parallel layout, the step settings), lets the strategy check it and works out
+batch sizes and the learning rate (a ``Layout``). It builds no model, so the CLI can
 run it as a cheap pre-flight check before any worker starts. ``set_up`` then builds what the
 epochs need - the wrapped model, its optimizer and learning-rate schedule, the precision and
 the sharded loaders - into one ``Run`` that the trainer drives epoch by epoch.
@@ -18,7 +19,7 @@ import torch
 from ddl.contract.context import RunContext
 from ddl.contract.errors import UsageError
 from ddl.contract.plugins import Plugins
-from ddl.contract.strategy import Strategy
+from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
@@ -42,8 +43,10 @@ class Layout:
     steps_per_epoch: int = 0
 
 
-def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, Strategy, Layout]:
-    """The workload and strategy for ``config``, checked against each other and the world."""
+def build(config: RunConfig, world: World, plugins: Plugins
+          ) -> tuple[Strategy, StrategyContext, Layout]:
+    """The strategy for ``config`` and what its calls need (the workload, the layout),
+    checked against each other and the world."""
     wspec = plugins.workload(config.plugin)
     sspec = plugins.strategy(config.strategy)
     if not sspec.supports(wspec):
@@ -57,29 +60,33 @@ def build(config: RunConfig, world: World, plugins: Plugins) -> tuple[Workload, 
     preset_name, preset = resolve_preset(config, wspec)
     workload: Workload = wspec.create(preset)
     strategy: Strategy = sspec.create(config.strategy_options)
-    strategy.configure(config)
-    strategy.parallel = strategy.resolve_layout(config.mesh, world.size)
+    context = StrategyContext(world=world,
+                              layout=strategy.resolve_layout(config.mesh, world.size),
+                              workload=workload, microbatches=config.microbatches,
+                              clip_grad_norm=config.clip_grad_norm, precision=config.precision)
     sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
-    strategy.check(workload, world)
-    dp_size = strategy.data_parallel_size(world)
+    strategy.check(context)
+    dp_size = context.layout.dp
     per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
     base_lr = config.lr or preset.lr
     layout = Layout(preset=preset_name, dp_size=dp_size, batch_per_replica=per_replica,
                     global_batch=global_batch, base_lr=base_lr,
                     lr=scaled_lr(config, base_lr, global_batch, preset.batch_size),
                     epochs=config.epochs or preset.epochs)
-    strategy.check_layout(layout)
-    return workload, strategy, layout
+    strategy.check_layout(context, layout)
+    return strategy, context, layout
 
 
-def check_model_fits(workload: Workload, strategy: Strategy, layout: Layout, world: World,
+def check_model_fits(strategy: Strategy, context: StrategyContext, layout: Layout,
                      data_dir: Path) -> None:
     """The pre-flight's look at the model itself: built on the meta device (no memory, no
     initialisation), handed to :meth:`Strategy.check_model` (heads that tensor parallel
     must divide, split points a pipeline needs). A workload whose model cannot be built
     that way is checked by the workers instead, as before."""
-    workload.context = RunContext(data_dir=data_dir, world=world, parallel=strategy.parallel,
-                                  epochs=layout.epochs, global_batch=layout.global_batch,
+    workload = context.workload
+    workload.context = RunContext(data_dir=data_dir, world=context.world,
+                                  parallel=context.layout, epochs=layout.epochs,
+                                  global_batch=layout.global_batch,
                                   batch_per_replica=layout.batch_per_replica)
     try:
         with torch.device("meta"):
@@ -88,7 +95,7 @@ def check_model_fits(workload: Workload, strategy: Strategy, layout: Layout, wor
         raise
     except Exception:  # noqa: BLE001 - e.g. pretrained weights that refuse the meta device
         return
-    strategy.check_model(model, workload)
+    strategy.check_model(model, context)
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Run:
     run_dir: Path
     workload: Workload
     strategy: Strategy
+    context: StrategyContext  # what the strategy's calls are given
     layout: Layout
     data_dir: Path
     splits: dict[str, Any]
@@ -121,7 +129,7 @@ class Run:
             print(message, flush=True)
 
     def eval_step(self, inputs, targets):
-        return self.strategy.eval_step(self.model, inputs, targets, self.workload,
+        return self.strategy.eval_step(self.model, inputs, targets, self.context,
                                        self.precision)
 
     def save_checkpoint(self, epoch: int, position: int) -> None:
@@ -133,24 +141,25 @@ class Run:
             global_batch=self.layout.global_batch, world_size=self.world.size,
             scheduler=self.scheduler.state_dict(), plugin=self.config.plugin,
             preset=self.layout.preset, strategy=self.config.strategy)
-        checkpoint.save(self.run_dir, self.world, self.strategy, self.model, self.optimizer,
-                        state, self.config.keep_checkpoints)
+        checkpoint.save(self.run_dir, self.world, self.strategy, self.context, self.model,
+                        self.optimizer, state, self.config.keep_checkpoints)
 
 
 def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
            workers: int) -> Run:
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
     ``workers`` is the number of DataLoader processes per rank."""
-    workload, strategy, layout = build(config, world, plugins)
+    strategy, parallel, layout = build(config, world, plugins)
+    workload = parallel.workload
     data_dir = Path(config.data_dir)
-    context = RunContext(data_dir=data_dir, world=world, parallel=strategy.parallel,
+    context = RunContext(data_dir=data_dir, world=world, parallel=parallel.layout,
                          epochs=layout.epochs, global_batch=layout.global_batch,
                          batch_per_replica=layout.batch_per_replica)
     workload.context = context
     splits = workload.datasets(data_dir)
 
     pin = world.device.type == "cuda"
-    dp_rank = strategy.data_parallel_rank(world)
+    dp_rank = parallel.layout.dp_rank(world.rank)
     loader = train_loader(splits["train"], batch_size=layout.batch_per_replica,
                           replicas=layout.dp_size, rank=dp_rank, seed=config.seed,
                           workers=workers, pin_memory=pin)
@@ -167,9 +176,9 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         model = sync_bn.apply(model, world)
     # counted before wrapping: a pipeline rank keeps only its own stages afterwards
     parameters = sum(p.numel() for p in model.parameters())
-    model = strategy.wrap(model, world)
+    model = strategy.wrap(model, parallel)
     optimizer = strategy.prepare_optimizer(
-        workload.optimizer(_optimizer_params(model, workload, strategy), layout.lr))
+        workload.optimizer(_optimizer_params(model, parallel, strategy), layout.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
     precision = Precision.create(config.precision, world.device)
@@ -179,20 +188,22 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         eval_loader(splits[s], batch_size=layout.batch_per_replica, replicas=layout.dp_size,
                     rank=dp_rank, workers=workers, pin_memory=pin) for s in ("val", "test"))
     return Run(config=config, world=world, run_dir=run_dir, workload=workload,
-               strategy=strategy, layout=layout, data_dir=data_dir, splits=splits,
+               strategy=strategy, context=parallel, layout=layout, data_dir=data_dir, splits=splits,
                parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,
                precision=precision, workers=workers, train_loader=loader,
                val_loader=val_loader, test_loader=test_loader)
 
 
-def _optimizer_params(model: torch.nn.Module, workload: Workload, strategy: Strategy) -> list:
+def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,
+                      strategy: Strategy) -> list:
     """The wrapped model's parameters for the workload's optimizer: as the workload groups
     them by name (``param_groups``; names as in the model build_model() returned), else all
     in one group."""
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
         else model  # DDP prefixes every name with "module."
-    named = [(strategy.checkpoint_name(name), param) for name, param in inner.named_parameters()]
-    groups = workload.param_groups(named)
+    named = [(strategy.checkpoint_name(name, parallel), param)
+             for name, param in inner.named_parameters()]
+    groups = parallel.workload.param_groups(named)
     params = [param for _, param in named] if groups is None else groups
     # a pipeline rank may hold only parameter-free stages (MNIST's flatten); an empty group
     # keeps its optimizer, lr schedule and checkpoint valid (torch refuses an empty list)

@@ -76,12 +76,13 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
                                                 run.strategy, run.model)
     model.eval()
     test = evaluate(run.eval_step, run.test_loader, workload, world)
-    test.update(workload.test_report(strategy.eval_model(model), run.splits["test"], world,
-                                     strategy))
+    evaluated = strategy.eval_model(model)
+    test.update(workload.test_report(evaluated, run.splits["test"], world,
+                                     lambda: strategy.generation_model(evaluated, run.context)))
     run.say(f"test  {fmt(test)}")
     memory = gather(rank_memory(model, run.optimizer, world.device), world.size)
-    strategy_report = strategy.report(world)
-    state = strategy.full_state_dict(model)
+    strategy_report = strategy.report(model, run.context)
+    state = strategy.full_state_dict(model, run.context)
     document = results.assemble(
         config=config, world=world, plugins=plugins, workload=workload, layout=run.layout,
         data_dir=run.data_dir, precision=run.precision.name, loader_workers=run.workers,
@@ -91,7 +92,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
-        peak_flops=peak_flops, parallel=strategy.parallel.degrees())
+        peak_flops=peak_flops, parallel=run.context.layout.degrees())
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)

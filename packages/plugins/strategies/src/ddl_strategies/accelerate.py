@@ -13,7 +13,8 @@ where Accelerate ignores the FSDP plugin and would train unsharded without sayin
 ddl has already joined the process group; Accelerate detects it and uses it. On CPU,
 ``Accelerator(cpu=True)`` is required (see the platform notes: ``accelerate launch --cpu``
 would silently run one process). Mixed precision stays ddl's ``--precision`` (autocast), so
-Accelerate's own is left off rather than applied twice.
+Accelerate's own is left off rather than applied twice. The ``Accelerator`` belongs to the
+run, so it lives on the module ``wrap`` returns (``model.accelerator``), not on the strategy.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import torch
 from torch import nn
 
 from ddl.contract.errors import UsageError
-from ddl.contract.strategy import Strategy
-from ddl.contract.workload import Workload
-from ddl.contract.world import World
+from ddl.contract.strategy import Strategy, StrategyContext
 
 
 class AccelerateStrategy(Strategy):
@@ -38,64 +37,65 @@ class AccelerateStrategy(Strategy):
             raise UsageError(f"--strategy-option: mode={self.mode!r}; allowed: ddp, fsdp")
         if self.mode == "fsdp":  # the layout records sharding, not replicas
             self.dp_means, self.layout_fill = "dp_shard", ("dp_shard",)
-        self.workload: Workload | None = None
-        self.accelerator = None
 
-    def check(self, workload: Workload, world: World) -> None:
-        self.workload = workload
-        if self.mode == "fsdp" and world.device.type != "cuda":
+    def check(self, run: StrategyContext) -> None:
+        super().check(run)
+        if self.mode == "fsdp" and run.world.device.type != "cuda":
             # Accelerate switches to FSDP only for GPU-type worlds; on CPU it would silently
             # train unsharded DDP-style (seen with accelerate 1.15: fsdp_plugin ignored).
             raise UsageError("--strategy-option: accelerate mode=fsdp needs GPUs (Accelerate "
                              "ignores its FSDP plugin on CPU); on CPU use mode=ddp or "
                              "--strategy fsdp")
 
-    def _make_accelerator(self, model: nn.Module, world: World):
+    def _make_accelerator(self, model: nn.Module, run: StrategyContext):
         from accelerate import Accelerator
 
-        kwargs = {"cpu": world.device.type == "cpu", "mixed_precision": "no"}
+        kwargs = {"cpu": run.world.device.type == "cpu", "mixed_precision": "no"}
         if self.mode == "fsdp":
             from accelerate.utils import FullyShardedDataParallelPlugin
 
-            units = self.workload.fsdp_units(model) if self.workload else []
+            units = run.workload.fsdp_units(model)
             kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
                 fsdp_version=2, reshard_after_forward=True,
                 auto_wrap_policy="transformer_based_wrap" if units else "no_wrap",
                 transformer_cls_names_to_wrap=sorted({type(u).__name__ for u in units}) or None)
         return Accelerator(**kwargs)
 
-    def wrap(self, model: nn.Module, world: World) -> nn.Module:
-        self.accelerator = self._make_accelerator(model, world)
-        return self.accelerator.prepare_model(model)
+    def wrap(self, model: nn.Module, run: StrategyContext) -> nn.Module:
+        accelerator = self._make_accelerator(model, run)
+        wrapped = accelerator.prepare_model(model)
+        wrapped.accelerator = accelerator  # the run's, kept with the model it prepared
+        return wrapped
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        return self.accelerator.prepare_optimizer(optimizer)
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module
+                          ) -> torch.optim.Optimizer:
+        return model.accelerator.prepare_optimizer(optimizer)
 
-    def train_step(self, model, batch, workload, optimizer, precision):
+    def train_step(self, model, batch, run, optimizer, precision):
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)
         with precision.autocast():
-            outputs = workload.forward(model, inputs)
-            loss = workload.loss(outputs, targets)
-        self.accelerator.backward(loss)
-        max_norm = getattr(self.config, "clip_grad_norm", None)
-        if max_norm:  # Accelerate's own: it knows its wrappers' sharding
-            self.record_grad_norm(self.accelerator.clip_grad_norm_(model.parameters(),
-                                                                   max_norm))
+            outputs = run.workload.forward(model, inputs)
+            loss = run.workload.loss(outputs, targets)
+        model.accelerator.backward(loss)
+        norm = None
+        if run.clip_grad_norm:  # Accelerate's own: it knows its wrappers' sharding
+            norm = model.accelerator.clip_grad_norm_(model.parameters(), run.clip_grad_norm)
         optimizer.step()
-        return loss.detach(), outputs
+        return loss.detach(), outputs, norm
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # DDP's plain module avoids buffer syncs; FSDP must run sharded on every rank.
-        return model if self.mode == "fsdp" else self.accelerator.unwrap_model(model)
+        return model if self.mode == "fsdp" else model.accelerator.unwrap_model(model)
 
-    def generation_model(self, model: nn.Module, world: World) -> nn.Module:
+    def generation_model(self, model: nn.Module, run: StrategyContext) -> nn.Module:
         if self.mode != "fsdp":
             return model  # DDP: the unwrapped module, a full replica
         from ddl_strategies.gathered import gathered_copy
 
-        return gathered_copy(self.workload, model, world.device)
+        return gathered_copy(run.workload, model, run.world.device)
 
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        state = self.accelerator.get_state_dict(model)  # gathers shards under FSDP
+    def full_state_dict(self, model: nn.Module, run: StrategyContext
+                        ) -> dict[str, torch.Tensor]:
+        state = model.accelerator.get_state_dict(model)  # gathers shards under FSDP
         return {k: v.detach().cpu() for k, v in (state or {}).items()}

@@ -34,9 +34,8 @@ from torch import nn
 
 from ddl.contract.errors import UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL
-from ddl.contract.strategy import Strategy
+from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
-from ddl.contract.world import World
 from ddl_strategies import ddp, fsdp, pipeline
 
 
@@ -53,24 +52,13 @@ class MeshStrategy(Strategy):
         fsdp.check_options(self.options)
         if set(self.options) & set(pipeline.OPTIONS_HELP):
             pipeline.schedule_choice(self.options)
-        self.pipeline: pipeline.Pipeline | None = None
 
     # --- what the layout asks of the workload ------------------------------------------
-    @property
-    def replicate_only(self) -> bool:
-        """Plain DDP: whole replicas, nothing else split."""
-        p = self.parallel
-        return p.dp_replicate > 1 and p.dp_shard == p.tp == p.pp == 1
-
-    @property
-    def shards_data(self) -> bool:
-        """FSDP2 (or HSDP) over the data-parallel slice of the mesh."""
-        return self.parallel.dp > 1 and not self.replicate_only
-
-    def check(self, workload: Workload, world: World) -> None:
-        p, config = self.parallel, self.config
+    def check(self, run: StrategyContext) -> None:
+        super().check(run)
+        p, workload = run.layout, run.workload
         if p.pp > 1:  # first: no model needed to tell
-            pipeline.check_precision(getattr(config, "precision", "fp32"), world)
+            pipeline.check_precision(run.precision, run.world)
         if p.tp > 1 and not _declares(workload, "tp_plan"):
             raise UsageError(f"--mesh: tp={p.tp} needs a workload with a tensor-parallel plan "
                              "(tp_plan); this one has none; allowed: tp=1")
@@ -78,45 +66,51 @@ class MeshStrategy(Strategy):
                              _declares(workload, "pipeline_splits")):
             raise UsageError(f"--mesh: pp={p.pp} needs a workload with pipeline split points "
                              "(pipeline_splits); this one has none; allowed: pp=1")
-        if p.pp == 1 and getattr(config, "microbatches", None):
+        if p.pp == 1 and run.microbatches:
             raise UsageError(f"--microbatches: {self.name} with {p.describe()} has no pipeline; "
                              "microbatches are for layouts with pp >= 2")
-        self.workload = workload  # wrap() asks it for units, plans and stages
 
-    def check_model(self, model: nn.Module, workload: Workload) -> None:
+    def check_model(self, model: nn.Module, run: StrategyContext) -> None:
         """Before workers start (the model on the meta device): heads tensor parallel
         must divide, split points the pipeline needs (the workload raises, naming them)."""
-        p = self.parallel
+        p = run.layout
         if p.tp > 1:
-            workload.prepare_tensor_parallel(model, p.tp)
+            run.workload.prepare_tensor_parallel(model, p.tp)
         if p.pp > 1:
             try:
-                workload.pipeline_stages(model, p.pp * pipeline.schedule_choice(self.options)[1])
+                run.workload.pipeline_stages(model, self._stages(run))
             except UsageError as exc:
                 raise UsageError(f"--mesh: pp={p.pp}: {exc}") from None
 
-    def check_layout(self, layout: Any) -> None:
-        if self.parallel.pp == 1:
-            return
-        _, v = pipeline.schedule_choice(self.options)
-        self.microbatches = self.config.microbatches or 2 * self.parallel.pp * v
-        if layout.batch_per_replica % self.microbatches:
-            raise UsageError(f"--microbatches: {self.microbatches} does not divide the batch of "
-                             f"{layout.batch_per_replica}; use a divisor of the batch")
+    def check_layout(self, run: StrategyContext, batch: Any) -> None:
+        if run.layout.pp > 1 and batch.batch_per_replica % self._microbatches(run):
+            raise UsageError(f"--microbatches: {self._microbatches(run)} does not divide the "
+                             f"batch of {batch.batch_per_replica}; use a divisor of the batch")
+
+    def _stages(self, run: StrategyContext) -> int:
+        return run.layout.pp * pipeline.schedule_choice(self.options)[1]
+
+    def _microbatches(self, run: StrategyContext) -> int:
+        return run.microbatches or 2 * self._stages(run)
+
+    @staticmethod
+    def _replicate_only(run: StrategyContext) -> bool:
+        """Plain DDP: whole replicas, nothing else split."""
+        p = run.layout
+        return p.dp_replicate > 1 and p.dp_shard == p.tp == p.pp == 1
 
     # --- building ----------------------------------------------------------------------
-    def wrap(self, model: nn.Module, world: World) -> nn.Module:
-        p, workload = self.parallel, self.workload
+    def wrap(self, model: nn.Module, run: StrategyContext) -> nn.Module:
+        p, workload, world = run.layout, run.workload, run.world
         if world.size == 1:  # nothing to split: the model as a single process trains it
             return model.to(world.device)
-        if self.replicate_only:
+        if self._replicate_only(run):
             return ddp.replicate(model, world, self.option_number("bucket_cap_mb", 25.0))
         mesh = p.device_mesh(world.device.type)
         units = workload.fsdp_units(model)  # of the whole model, before any cut
         plan = workload.tp_plan(model) if p.tp > 1 else {}
         if p.pp > 1:
-            schedule, v = pipeline.schedule_choice(self.options)
-            n_stages = p.pp * v
+            n_stages = self._stages(run)
             stage_ids = pipeline.my_stage_ids(p.coordinates(world.rank)["pp"], p.pp, n_stages)
             stages = workload.pipeline_stages(model, n_stages)
             parts = [stages[i] for i in stage_ids]
@@ -128,67 +122,65 @@ class MeshStrategy(Strategy):
                 from ddl_strategies.tp import apply_tensor_parallel
 
                 apply_tensor_parallel(part, workload, mesh["tp"], plan)
-            if self.shards_data:
+            if p.dp > 1:  # not replicate-only (above): FSDP2 over the data-parallel slice
                 held = {id(m) for m in part.modules()}
                 dp_mesh = mesh["dp_shard"] if p.dp_replicate == 1 else \
                     mesh["dp_replicate", "dp_shard"]
                 fsdp.shard(part, [u for u in units if id(u) in held], dp_mesh,
-                           reshard=self.reshard, options=self.options)
+                           reshard=self._reshard, options=self.options)
         if p.pp == 1:
             return model
-        self.pipeline = pipeline.Pipeline(
-            parts, stage_ids, n_stages, schedule=schedule, microbatches=self.microbatches,
+        schedule, _ = pipeline.schedule_choice(self.options)
+        runner = pipeline.Pipeline(
+            parts, stage_ids, n_stages, schedule=schedule, microbatches=self._microbatches(run),
             loss_fn=workload.loss, world=world, pp=p.pp, pp_group=mesh["pp"].get_group())
-        return nn.ModuleList(parts)
+        return pipeline.Stages(parts, runner)
 
     @property
-    def reshard(self) -> bool:
+    def _reshard(self) -> bool:
         return self.option_flag("reshard_after_forward", True)
 
     # --- running -----------------------------------------------------------------------
-    def train_step(self, model, batch, workload, optimizer, precision):
-        if self.pipeline is None:
-            return super().train_step(model, batch, workload, optimizer, precision)
-        loss, output, norm = self.pipeline.train_step(
-            batch, optimizer, precision, getattr(self.config, "clip_grad_norm", None))
-        if norm is not None:
-            self.record_grad_norm(norm)
-        return loss, output
+    def train_step(self, model, batch, run, optimizer, precision):
+        if not isinstance(model, pipeline.Stages):
+            return super().train_step(model, batch, run, optimizer, precision)
+        return model.pipeline.train_step(batch, optimizer, precision, run.clip_grad_norm)
 
-    def eval_step(self, model, inputs, targets, workload, precision):
-        if self.pipeline is None:
-            return super().eval_step(model, inputs, targets, workload, precision)
-        return self.pipeline.eval_step(inputs, targets, precision)
+    def eval_step(self, model, inputs, targets, run, precision):
+        if not isinstance(model, pipeline.Stages):
+            return super().eval_step(model, inputs, targets, run, precision)
+        return model.pipeline.eval_step(inputs, targets, precision)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # DDP's forward would sync buffers every call: wasted when no gradients follow
         return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
-    def generation_model(self, model: nn.Module, world: World) -> nn.Module | None:
+    def generation_model(self, model: nn.Module, run: StrategyContext) -> nn.Module | None:
         """Replicas: the model itself. Tensor parallel alone: None (generate on the sharded
         model, all ranks on the same inputs; a gathered copy would cost a whole model per
         rank). Otherwise a plain copy gathered from the shards or stages
         (ddl_strategies.gathered)."""
         from ddl_strategies.gathered import gathered_copy, plain_copy
 
-        p = self.parallel
-        if p.world_size == 1 or self.replicate_only:
+        p = run.layout
+        if p.world_size == 1 or self._replicate_only(run):
             return model
         if p.pp > 1:
-            return plain_copy(self.workload, self.full_state_dict(model), world.device)
+            return plain_copy(run.workload, self.full_state_dict(model, run), run.world.device)
         if p.tp > 1 and p.dp == 1:
             return None
-        return gathered_copy(self.workload, model, world.device)
+        return gathered_copy(run.workload, model, run.world.device)
 
     # --- results -----------------------------------------------------------------------
-    def checkpoint_name(self, fqn: str) -> str:
-        # A pipeline rank's model is a ModuleList of its stages ("0.", "1." prefixes); each
+    def checkpoint_name(self, fqn: str, run: StrategyContext) -> str:
+        # A pipeline rank's model is its stages in a ModuleList ("0.", "1." prefixes); each
         # stage keeps the full model's names below that.
-        return fqn.split(".", 1)[1] if self.parallel.pp > 1 else fqn
+        return fqn.split(".", 1)[1] if run.layout.pp > 1 else fqn
 
-    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        if self.pipeline is not None:
-            return self.pipeline.full_state_dict(model)
+    def full_state_dict(self, model: nn.Module, run: StrategyContext
+                        ) -> dict[str, torch.Tensor]:
+        if isinstance(model, pipeline.Stages):
+            return model.pipeline.full_state_dict(model)
         if isinstance(model, nn.parallel.DistributedDataParallel):
             return {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
         from torch.distributed.checkpoint.state_dict import (
@@ -200,12 +192,12 @@ class MeshStrategy(Strategy):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(model, options=options)
 
-    def report(self, world: World) -> dict[str, Any]:
+    def report(self, model: nn.Module, run: StrategyContext) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.shards_data:
-            out.update(fsdp.report(self.options, self.reshard))
-        if self.pipeline is not None:
-            out.update(self.pipeline.report(), dp=self.parallel.dp)
+        if run.layout.dp > 1 and not self._replicate_only(run):
+            out.update(fsdp.report(self.options, self._reshard))
+        if isinstance(model, pipeline.Stages):
+            out.update(model.pipeline.report(), dp=run.layout.dp)
         return out
 
 

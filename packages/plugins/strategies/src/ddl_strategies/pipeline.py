@@ -106,6 +106,15 @@ def my_stage_ids(pp_rank: int, pp: int, n_stages: int) -> list[int]:
     return list(range(pp_rank, n_stages, pp))
 
 
+class Stages(nn.ModuleList):
+    """What ``wrap`` returns on a pipeline rank: its stage modules, and the Pipeline that
+    runs them (``.pipeline``: a plain attribute, not a sub-module)."""
+
+    def __init__(self, parts: list[nn.Module], runner: Pipeline) -> None:
+        super().__init__(parts)
+        self.pipeline = runner
+
+
 class Pipeline:
     """This rank's stages of one pipeline replica and the schedule that runs them.
 

@@ -2,7 +2,8 @@
 
 ROUGE-1/2/L F-measures (Lin, "ROUGE: A Package for Automatic Evaluation of Summaries", 2004)
 with Google's ``rouge-score`` (Porter stemming), as the course reports them. The model to
-generate with comes from the strategy (``Strategy.generation_model``): a whole copy on every
+generate with comes from the strategy (``whole_model()``, the trainer's call of
+``Strategy.generation_model``): a whole copy on every
 rank (single process, DDP, the model gathered from FSDP shards or pipeline stages) lets each
 rank summarise its own share and the sums of F-measures are then all-reduced; None
 (tensor parallel: collectives inside every forward) means every rank runs the evaluation
@@ -18,7 +19,8 @@ import torch
 if TYPE_CHECKING:
     from torch import nn
 
-    from ddl.contract.strategy import Strategy
+    from collections.abc import Callable
+
     from ddl_xsum.workload import SummaryDataset, XsumWorkload
 
 BATCH_SIZE = 16
@@ -26,13 +28,13 @@ METRICS = ("rouge1", "rouge2", "rougeL")
 
 
 def rouge_report(workload: XsumWorkload, model: nn.Module, dataset: SummaryDataset,
-                 world: Any, strategy: Strategy) -> dict[str, float]:
+                 world: Any, whole_model: Callable[[], nn.Module | None]) -> dict[str, float]:
     """Mean ROUGE F-measures of the first ``workload.rouge_samples`` test articles (all of
     them if unset); {} if the model cannot generate."""
     import torch.distributed as dist
     from rouge_score import rouge_scorer
 
-    whole = strategy.generation_model(model, world)
+    whole = whole_model()
     shard = whole is not None and world.size > 1
     model = model if whole is None else whole
     # a wrapper that keeps the module it wraps (FSDP1 under Accelerate) generates through it

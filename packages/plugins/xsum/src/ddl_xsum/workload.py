@@ -336,11 +336,11 @@ class XsumWorkload(Workload):
 
     # --- ROUGE on the test split ----------------------------------------------------------
     def test_report(self, model: nn.Module, dataset: Dataset, world: Any,
-                    strategy: Any) -> dict[str, Any]:
+                    whole_model: Any) -> dict[str, Any]:
         """ROUGE-1/2/L of greedy test summaries (:mod:`ddl_xsum.rouge`); {} with ``rouge``
         off."""
         if not self.rouge:
             return {}
         from ddl_xsum.rouge import rouge_report
 
-        return rouge_report(self, model, dataset, world, strategy)
+        return rouge_report(self, model, dataset, world, whole_model)
