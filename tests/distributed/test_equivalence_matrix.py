@@ -25,7 +25,7 @@ pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, 
 gradients ended 1.1e-6 to 6e-6 from one process (over the 1e-6 floor; a ReLU or max-pool
 switch in step 3 can multiply it by 5), at 1e-3 2e-7, while the stem still moves by 3 %.
 
-Cost: 39 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
+Cost: 35 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
 per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
 """
 
@@ -101,15 +101,8 @@ RUNS = [
     ("xsum", "fsdp", 4, ()), ("xsum", "accelerate", 4, ()), ("xsum", "tp", 4, ()),
     ("xsum", "fsdp+tp", 2, ("--mesh", "dp=1,tp=2")),
     # --mesh alone (strategy "mesh", ddl_strategies.compose): layouts no shorthand names
-    ("mnist", "mesh", 2, ("--mesh", "pp=2", "--microbatches", "4")),
     ("mnist", "mesh", 4, ("--mesh", "dp_replicate=2,dp_shard=2")),  # HSDP on a CNN
     ("mnist", "mesh", 4, ("--mesh", "pp=2,dp_shard=2", "--microbatches", "2")),  # pp x fsdp
-    # ResNets: pipelines only; their ghost BatchNorm groups (8 samples = one microbatch)
-    # are not one process's once a sampler deals samples to replicas in turn. pp x dp_shard
-    # on a ResNet is checked against pp x dp_replicate in test_layout_3d.py instead.
-    ("cifar-pp", "mesh", 2, ("--mesh", "pp=2", "--microbatches", "4")),
-    ("imagewoof-pp", "mesh", 2, ("--mesh", "pp=2", "--microbatches", "4")),
-    ("xsum", "mesh", 2, ("--mesh", "pp=2")),
     ("xsum", "mesh", 4, ("--mesh", "pp=2,tp=2")),  # pp x tp
     ("xsum", "mesh", 4, ("--mesh", "pp=2,dp_shard=2")),  # pp x fsdp
 ]
@@ -119,6 +112,7 @@ _SYNCBN = "test_cifar_train.py::test_synchronised_batchnorm_makes_two_ranks_matc
 _XSUM = "test_xsum_parallel.py::test_matches_one_process"
 _CIFAR_PP = "test_cifar_train.py::test_pipeline_matches_one_process"
 _RESNET_PP_FSDP = "test_layout_3d.py::test_resnet_pipeline_shards_as_it_replicates"
+_IW_GPIPE_2 = "test_equivalence_matrix.py::test_matches_one_process[imagewoof-pp-pp:gpipe-2]"
 ELSEWHERE = {
     ("cifar", "ddp", 2): _SYNCBN + "[ddp]",
     ("cifar", "fsdp", 2): _SYNCBN + "[fsdp]",
@@ -131,6 +125,15 @@ ELSEWHERE = {
     ("xsum", "fsdp+tp", 4): _XSUM + "[4-fsdp+tp-",
     ("xsum", "pp:gpipe", 2): "test_xsum_pp.py::test_matches_one_process[2-extra0-",
     ("xsum", "pp:1f1b", 4): "test_xsum_pp.py::test_matches_one_process[4-extra1-",
+    # mesh on 2 ranks: the shorthands are the mesh class with a default layout, so a run of
+    # a shorthand is the mesh run of that layout (--mesh pp=2 builds what pp on 2 builds)
+    ("mnist", "mesh", 2): "test_equivalence_matrix.py::test_matches_one_process[mnist-pp:gpipe-2]",
+    ("cifar", "mesh", 2): "test_equivalence_matrix.py::test_matches_one_process[cifar-pp-pp:1f1b-2]",
+    ("imagewoof", "mesh", 2): _IW_GPIPE_2,
+    ("xsum", "mesh", 2): "test_xsum_pp.py::test_matches_one_process[2-extra0-",
+    # ResNets with data parallelism: their ghost BatchNorm groups (8 samples = one
+    # microbatch) are not one process's once a sampler deals samples to replicas in turn,
+    # so pp x dp_shard is checked against pp x dp_replicate in test_layout_3d.py
     ("cifar", "mesh", 4): _RESNET_PP_FSDP + "[cifar-pp]",
     ("imagewoof", "mesh", 4): _RESNET_PP_FSDP + "[imagewoof-pp]",
     ("xsum", "pp:interleaved1f1b", 2): "test_xsum_pp.py::test_matches_one_process[2-extra2-",

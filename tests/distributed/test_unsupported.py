@@ -16,6 +16,10 @@ pytestmark = pytest.mark.distributed
      ["--mesh: dp_replicate=3 does not divide the world of 4 processes", "divides 4"]),
     (["--strategy", "ddp", "--nproc", "2", "--mesh", "dp=2,pp=2"],  # would be ignored
      ["--mesh: ddp has no dimension 'dp'", "allowed: none"]),
+    (["--nproc", "4", "--mesh", "pp=2,dp_replicate=2,dp_shard=2"],  # --mesh alone: "mesh"
+     ["--mesh: pp=2 x dp_replicate=2 x dp_shard=2 = 8 processes", "the world has 4"]),
+    (["--nproc", "2", "--mesh", "pq=2"],
+     ["--mesh: mesh has no dimension 'pq'", "allowed: dp, dp_replicate, dp_shard, pp, tp"]),
     (["--strategy", "fsdp", "--nproc", "2", "--microbatches", "4"],
      ["--microbatches: fsdp does not split batches", "pipeline strategies (pp)"]),
     (["--strategy", "pp", "--nproc", "2", "--microbatches", "5"],
