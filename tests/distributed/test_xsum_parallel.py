@@ -3,17 +3,14 @@ one process ends.
 
 Same seed and global batch, 3 AdamW steps; the weights are compared by
 conftest.assert_same_weights (AdamW: each tensor to 1e-5 relative, see there why not each
-element). tp and fsdp+tp run through the real CLI (their only end-to-end runs); the
-reference, fsdp, accelerate and HSDP run the worker's own trainer on the session's rank
-pools (tests/pool_train.py), which saves a process start per rank and run.
+element). All run the worker's own trainer on the session's rank pools
+(tests/pool_train.py), which saves a process start per rank and run; tp and fsdp+tp go
+through the real CLI in docs/tutorial.md's steps 5 and 7 (test_docs_commands.py).
 """
 
-import json
 
 import pytest
-import torch
-
-from conftest import assert_same_weights, run_ddl
+from conftest import assert_same_weights
 from pool_train import prepare, train_cell
 
 pytestmark = pytest.mark.distributed
@@ -27,21 +24,12 @@ def xsum_data(synthetic_xsum):
     return synthetic_xsum
 
 
-CLI_STRATEGIES = ("tp", "fsdp+tp")  # their only runs through launcher and rendezvous
-
-
-def _train(tmp_path, data_dir, nproc, strategy, *extra, pools=None):
-    """(results.json, model.pt) of the run: on a rank pool when given one, else the CLI."""
+def _train(tmp_path, data_dir, nproc, strategy, *extra, pools):
+    """(results.json, model.pt) of the run on the rank pool of ``nproc``."""
     run_dir = tmp_path / f"{strategy}-{nproc}"
     args = [*COMMON[1:], "--strategy", strategy, "--data-dir", str(data_dir), *extra]
-    if pools is not None:
-        rank0 = pools[nproc].run(train_cell, prepare(args, run_dir, nproc), timeout_s=300)[0]
-        return rank0["results"], rank0["model"]
-    proc = run_ddl("train", *args, "--nproc", str(nproc), "--run-dir", str(run_dir),
-                   cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return (json.loads((run_dir / "results.json").read_text()),
-            torch.load(run_dir / "model.pt", weights_only=True))
+    rank0 = pools[nproc].run(train_cell, prepare(args, run_dir, nproc), timeout_s=300)[0]
+    return rank0["results"], rank0["model"]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +46,7 @@ def single(tmp_path_factory, xsum_data, rank_pools):
 def test_matches_one_process(tmp_path, xsum_data, single, rank_pools, nproc, strategy, extra,
                              dp):
     ref_results, ref = single
-    pools = None if strategy in CLI_STRATEGIES else rank_pools
-    results, weights = _train(tmp_path, xsum_data, nproc, strategy, *extra, pools=pools)
+    results, weights = _train(tmp_path, xsum_data, nproc, strategy, *extra, pools=rank_pools)
     assert results["world"]["size"] == nproc and results["world"]["dp_size"] == dp
     assert_same_weights(weights, ref, adam=True)
     assert results["parameters"] == ref_results["parameters"]

@@ -1,5 +1,6 @@
 """End to end through the real CLI: `ddl prepare --synthetic`, then the tiny T5 trains on 2
-processes (DDP, gloo) and learns; and 2 ranks end with the weights of 1 process."""
+processes (DDP, gloo) and learns; and 2 ranks end with the weights of 1 process across an
+epoch boundary (the worker's own trainer on the session's rank pools, tests/pool_train.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import math
 
 import pytest
-import torch
-
 from conftest import assert_same_weights, run_ddl
+from pool_train import prepare, train_cell
+
 from ddl_xsum import data, synthetic
 from ddl_xsum.plugin import PRESETS
 
@@ -59,7 +60,7 @@ def test_prepare_synthetic_then_tiny_training_learns(tmp_path):
     assert 0.1 < test["rouge1"] <= 1.0 and test["rougeL"] <= test["rouge1"] + 1e-9
 
 
-def test_two_ranks_match_one_process(tmp_path, xsum_data):
+def test_two_ranks_match_one_process(tmp_path, xsum_data, rank_pools):
     """The tiny preset averages per-sample losses (and has no dropout), so the gradient
     of 2 replicas x 8 samples equals that of one 16-sample batch: same weights after 6
     steps, across an epoch boundary, up to float rounding. Each replica trims its batch to
@@ -67,16 +68,13 @@ def test_two_ranks_match_one_process(tmp_path, xsum_data):
     divides by sqrt(v), which turns that into up to ~2e-5 on single weights with ~0
     gradient, so the comparison is the AdamW rule of the equivalence matrix (per tensor,
     conftest.assert_same_weights)."""
-    common = ["train", "--plugin", "xsum", "--preset", "tiny", "--global-batch-size", "16",
-              "--epochs", "2", "--steps-per-epoch", "3", "--seed", "7",
-              "--data-dir", str(xsum_data)]
+    args = ["--plugin", "xsum", "--preset", "tiny", "--global-batch-size", "16", "--epochs",
+            "2", "--steps-per-epoch", "3", "--seed", "7", "--data-dir", str(xsum_data)]
     weights, results = {}, {}
     for nproc in (1, 2):
-        run_dir = tmp_path / f"np{nproc}"
-        proc = run_ddl(*common, "--nproc", str(nproc), "--run-dir", str(run_dir), cwd=tmp_path)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        weights[nproc] = torch.load(run_dir / "model.pt", weights_only=True)
-        results[nproc] = _results(run_dir)
+        plan = prepare(args, tmp_path / f"np{nproc}", nproc)
+        rank0 = rank_pools[nproc].run(train_cell, plan, timeout_s=300)[0]
+        weights[nproc], results[nproc] = rank0["model"], rank0["results"]
     assert results[2]["batch"] == {"per_replica": 8, "global": 16}
     assert weights[1].keys() == weights[2].keys()
     assert_same_weights(weights[2], weights[1], adam=True)
