@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
 from ddl.contract.errors import DdlError
+from ddl.worker import crash
 
 
 def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
@@ -38,15 +40,39 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
                           rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
                           monitor_interval=0.1,
                           start_method="spawn")
+    started = time.time()
+    os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
     try:
         elastic_launch(config, sys.executable)("-m", "ddl.worker", str(run_dir))
     except ChildFailedError as exc:
-        # When one rank fails the agent stops the others (SIGTERM): report the rank that
-        # failed with ddl's own exit code (it already printed its one-line error).
+        # When one rank fails the agent stops the others (SIGTERM). Its failures list the
+        # rank(s) that ended by themselves first, then those it stopped; a rank that only
+        # lost contact with a failed one is not the one to name.
+        first = next((r for r, f in exc.failures.items() if f.exitcode != crash.LOST_CONTACT),
+                     next(iter(exc.failures)))
+        crashed = crash.read(run_dir / "logs", since=started)
+        if crashed:  # exceptions in plugin (or ddl) code: one line for all ranks
+            raise DdlError(crash.summary(crashed, first)) from None
         ddl_exits = sorted(f.exitcode for f in exc.failures.values() if f.exitcode in (1, 2))
-        if ddl_exits:
+        if ddl_exits:  # the worker printed ddl's own one-line error
             return ddl_exits[-1]
-        rank, failure = min(exc.failures.items())
-        raise DdlError(f"worker rank {rank} died (exit code {failure.exitcode}); "
-                       "see its output above") from None
+        raise DdlError(_died(first, exc.failures[first].exitcode, len(exc.failures))) from None
+    finally:
+        os.environ.pop(crash.LAUNCHER_REPORTS, None)
     return 0
+
+
+def _died(rank: int, code: int, failed: int) -> str:
+    """A worker that ended without a word of its own (killed, or a crash of the interpreter)."""
+    import signal
+
+    if code == crash.LOST_CONTACT:  # none said why (all lost contact): unusual
+        return f"worker rank {rank} lost contact with the other ranks; none reported an error"
+    try:
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
+            f"exited with code {code}"
+    except ValueError:
+        how = f"was killed by signal {-code}"
+    rest = f"; {failed - 1} other rank(s) stopped with it" if failed > 1 else ""
+    return (f"worker rank {rank} {how} without an error message (out of memory, or killed "
+            f"from outside?){rest}")

@@ -20,6 +20,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
+from ddl.worker import crash
 
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
@@ -67,6 +68,10 @@ def run(plan, *, create_run_dir: bool) -> None:
         if create_run_dir:
             _create_run_dir_on_rank0(plan, world)
         train(plan, world, Plugins())
+    except Exception as exc:  # plugin code (or ddl's): one line, not a traceback
+        if isinstance(exc, DdlError) or _lost_peer(exc):
+            raise
+        raise crash.failed(exc, world.rank, plan) from None
     finally:
         close_world()
 
@@ -100,40 +105,11 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _code_location(exc: BaseException) -> str:
-    """The innermost frame of ddl's or a plugin's code (a package named ddl or ddl_*) in the
-    traceback, e.g. ``ddl_gpt/model.py:42 in forward``: where a plugin author looks first."""
-    import traceback
-
-    ours = [f for f in traceback.extract_tb(exc.__traceback__)
-            if any(part == "ddl" or part.startswith("ddl_") for part in Path(f.filename).parts)]
-    if not ours:
-        return ""
-    frame = ours[-1]
-    parts = Path(frame.filename).parts
-    start = max(i for i, p in enumerate(parts) if p == "ddl" or p.startswith("ddl_"))
-    return f" (at {'/'.join(parts[start:])}:{frame.lineno} in {frame.name})"
-
-
-def _report_crash(exc: BaseException, rank: int, plan) -> int:
-    """An exception from plugin (or ddl) code: one line per failing rank naming the error and
-    where it happened, the whole traceback in RUN_DIR/logs/ (not 50-120 lines per rank)."""
-    import tempfile
-    import traceback
-
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    folder = plan.run_dir / "logs" if plan is not None else Path(tempfile.gettempdir())
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank{rank}-traceback.txt"
-        path.write_text(text)
-        saved = f"; traceback: {path}"
-    except OSError:
-        sys.stderr.write(text)
-        saved = ""
-    print(f"ddl: error on rank {rank}: {type(exc).__name__}: {_first_line(exc)}"
-          f"{_code_location(exc)}{saved}", file=sys.stderr, flush=True)
-    return 1
+def _report(failure: crash.Failed) -> int:
+    """This rank's line, unless the local launcher prints one line for all ranks."""
+    if failure.should_print():
+        print(f"ddl: error: {failure}", file=sys.stderr, flush=True)
+    return failure.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,10 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:  # the same on every rank; say it once
             print(f"ddl: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except crash.Failed as exc:  # from plugin (or ddl) code; the traceback is in RUN_DIR/logs/
+        return _report(exc)
     except RuntimeError as exc:
         if not _lost_peer(exc):
-            return _report_crash(exc, rank, plan)
-        # Another rank died (its own message, if any, says why); no need for a traceback.
+            return _report(crash.failed(exc, rank, plan))
+        # Another rank died (its own message, if any, says why); no need for a traceback,
+        # nor a line at all under the local launcher, which names the rank that failed.
+        if os.environ.get(crash.LAUNCHER_REPORTS):
+            return crash.LOST_CONTACT
         print(f"ddl: error on rank {rank}: lost contact with another rank "
               f"({_first_line(exc)})", file=sys.stderr, flush=True)
         return 1
@@ -162,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddl: error on rank {rank}: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except Exception as exc:  # a bug in a plugin's code (or ddl's): say where, keep the rest
-        return _report_crash(exc, rank, plan)
+        return _report(crash.failed(exc, rank, plan))
     return 0
 
 

@@ -9,6 +9,9 @@ Evaluation must count every sample exactly once. DistributedSampler would pad th
 shard with duplicates, biasing the metrics; :class:`EvalShardSampler` pads too (so every
 rank runs the same number of forwards, which FSDP and tensor parallel need) but the trainer
 knows which positions are padding and gives them zero weight.
+
+Both loaders read through ``ddl.worker.samples``: a sample that fails names its split and
+index (a lying ``__len__`` included), a batch that does not collate names its samples.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
+
+from ddl.worker.samples import UNNAMED, GuardedCollate, GuardedDataset
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset
@@ -58,8 +63,9 @@ def train_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int,
                  workers: int, pin_memory: bool) -> DataLoader:
     sampler = ResumableSampler(dataset, num_replicas=replicas, rank=rank, shuffle=True,
                                seed=seed, drop_last=True)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True,
-                      num_workers=workers, pin_memory=pin_memory)
+    return DataLoader(GuardedDataset(dataset, "train"), batch_size=batch_size,
+                      sampler=sampler, drop_last=True, num_workers=workers,
+                      pin_memory=pin_memory, collate_fn=GuardedCollate("train"))
     # Not persistent_workers: fresh workers each epoch draw their seeds from the main
     # process's RNG, which a checkpoint restores, so a run resumed at an epoch boundary
     # augments exactly as an uninterrupted one (persistent workers would carry their own
@@ -67,7 +73,8 @@ def train_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int,
 
 
 def eval_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, workers: int,
-                pin_memory: bool) -> DataLoader:
+                pin_memory: bool, split: str = UNNAMED) -> DataLoader:
     sampler = EvalShardSampler(len(dataset), replicas, rank, batch_size)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
-                      num_workers=workers, pin_memory=pin_memory)
+    return DataLoader(GuardedDataset(dataset, split), batch_size=batch_size, sampler=sampler,
+                      shuffle=False, num_workers=workers, pin_memory=pin_memory,
+                      collate_fn=GuardedCollate(split))
