@@ -72,7 +72,7 @@ def test_synchronised_batchnorm_makes_two_ranks_match_one(tmp_path, prepared_cif
                                                           syncbn_reference, strategy):
     one, w1 = syncbn_reference
     two, w2 = _train(tmp_path, prepared_cifar, 2, strategy)
-    assert two["batch"] == {"per_replica": 32, "global": 64}
+    assert two["batch"] == {"per_replica": 32, "global": 64, "micro": 32, "accumulation_steps": 1}
     torch.manual_seed(7)
     initial = model.build(PRESETS["tiny"].options).state_dict()
     assert w1.keys() == w2.keys() == initial.keys()

@@ -318,7 +318,8 @@ def test_matches_one_process(tmp_path, data_dirs, references, rank_pools, setup_
         assert dp == nproc // split
     else:
         assert dp == int(mesh.get("dp", {"pp": 1, "tp": 1, "fsdp+tp": 1}.get(strategy, nproc)))
-    assert many["batch"] == {"per_replica": setup.batch // dp, "global": setup.batch}
+    assert many["batch"] == {"per_replica": setup.batch // dp, "global": setup.batch,
+                             "micro": setup.batch // dp, "accumulation_steps": 1}
     assert one["steps_per_epoch"] == many["steps_per_epoch"] == 3
     if strategy == "pp":
         assert many["strategy_report"]["schedule"] == label.split(":")[1]

@@ -2,7 +2,9 @@
 
 T5 (xsum tiny), 3 AdamW steps at a global batch of 16, as the other xsum equivalence tests.
 The 3-D run goes through the real CLI with no --strategy (`ddl train --mesh
-pp=2,tp=2,dp_shard=2 --nproc 8`: launcher, rendezvous, pre-flight) and writes a checkpoint
+pp=2,tp=2,dp_shard=2 --nproc 8`: launcher, rendezvous, pre-flight), accumulates gradients
+over 2 micro-batches of 4 per replica (`--batch-size 4`; issue 22: K micro-steps equal one
+step of the same global batch, here on the N-D layout) and writes a checkpoint
 after step 2; that checkpoint then resumes on 1 process, on FSDP with 2 and on HSDP with 4
 ranks (the session's rank pools), and step 3 lands where the uninterrupted single process
 lands. The bar is conftest.assert_same_weights (AdamW: per tensor, 1e-5 relative).
@@ -39,6 +41,7 @@ def single(tmp_path_factory, synthetic_xsum, rank_pools):
 def three_d(tmp_path_factory, synthetic_xsum):
     run_dir = tmp_path_factory.mktemp("3d") / "run"
     proc = run_ddl("train", *COMMON, "--mesh", "pp=2,tp=2,dp_shard=2", "--nproc", "8",
+                   "--batch-size", "4",
                    "--data-dir", str(synthetic_xsum), "--run-dir", str(run_dir),
                    "--checkpoint-every", "2", cwd=run_dir.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -51,7 +54,8 @@ def test_3d_from_mesh_alone_matches_one_process(three_d, single):
     ref_results, ref = single
     assert results["strategy"] == "mesh"  # picked by --mesh alone
     assert results["world"]["parallel"] == THREE_D and results["world"]["dp_size"] == 2
-    assert results["batch"] == {"per_replica": 8, "global": 16}
+    assert results["batch"] == {"per_replica": 8, "global": 16, "micro": 4,
+                                "accumulation_steps": 2}
     assert_same_weights(weights, ref, adam=True)
     assert torch.equal(weights["shared.weight"], weights["lm_head.weight"])  # tied, still
     report = results["strategy_report"]

@@ -75,7 +75,8 @@ def test_two_ranks_match_one_process(tmp_path, xsum_data, rank_pools):
         plan = prepare(args, tmp_path / f"np{nproc}", nproc)
         rank0 = rank_pools[nproc].run(train_cell, plan, timeout_s=300)[0]
         weights[nproc], results[nproc] = rank0["model"], rank0["results"]
-    assert results[2]["batch"] == {"per_replica": 8, "global": 16}
+    assert results[2]["batch"] == {"per_replica": 8, "global": 16, "micro": 8,
+                                  "accumulation_steps": 1}
     assert weights[1].keys() == weights[2].keys()
     assert_same_weights(weights[2], weights[1], adam=True)
     for metric in ("loss", "token_accuracy"):

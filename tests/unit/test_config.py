@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from ddl.settings.config import RunConfig, build, load_config_file, resolve_batch, scaled_lr
+from ddl.settings.config import (
+    BatchPlan,
+    RunConfig,
+    build,
+    load_config_file,
+    resolve_batch,
+    scaled_lr,
+)
 from ddl.contract.errors import UsageError
 
 pytestmark = pytest.mark.unit
@@ -22,7 +29,7 @@ def test_flags_override_file_override_site(tmp_path):
 
 @pytest.mark.parametrize("flags, needle", [
     ({"nproc": 0}, "--nproc: Input should be greater than or equal to 1 (got 0)"),
-    ({"batch_size": 2, "global_batch_size": 4}, "not both"),
+    ({"warmup_steps": 2, "warmup_epochs": 1}, "not both"),
     ({"lr_scaling": "square"}, "--lr-scaling: Input should be 'none' or 'linear'"),
     ({"site": "nowhere"}, "--site: unknown site 'nowhere'; allowed: "),
 ])
@@ -44,11 +51,20 @@ def test_config_file_unknown_key(tmp_path):
 
 def test_batch_resolution_and_linear_scaling():
     config = RunConfig(global_batch_size=256)
-    assert resolve_batch(config, 100, 4) == (64, 256)
+    assert resolve_batch(config, 100, 4) == BatchPlan(64, 1, 64, 256)
     with pytest.raises(UsageError, match="not divisible by the 3 data-parallel replicas"):
         resolve_batch(config, 100, 3)
-    assert resolve_batch(RunConfig(), 100, 4) == (100, 400)
-    assert resolve_batch(RunConfig(batch_size=10), 100, 4) == (10, 40)
+    assert resolve_batch(RunConfig(), 100, 4) == BatchPlan(100, 1, 100, 400)
+    assert resolve_batch(RunConfig(batch_size=10), 100, 4) == BatchPlan(10, 1, 10, 40)
+    # both flags: global / (batch x replicas) micro-steps per optimizer step
+    both = RunConfig(batch_size=8, global_batch_size=96)
+    assert resolve_batch(both, 100, 4) == BatchPlan(8, 3, 24, 96)
+    assert resolve_batch(both, 100, 12) == BatchPlan(8, 1, 8, 96)
+    with pytest.raises(UsageError) as info:
+        resolve_batch(both, 100, 8)  # 8 x 8 = 64 does not divide 96
+    assert str(info.value) == ("--global-batch-size: 96 is not a multiple of --batch-size 8 "
+                               "x 8 data-parallel replica(s) = 64, so no whole number of "
+                               "micro-steps makes it; allowed: multiples of 64")
     # the CTE-POWER course: lr 0.01 x number of GPUs when the batch grows with them
     assert scaled_lr(RunConfig(lr_scaling="linear"), 0.01, 1024, 256) == pytest.approx(0.04)
     assert scaled_lr(RunConfig(), 0.01, 1024, 256) == 0.01

@@ -36,7 +36,7 @@ def _assemble(tmp_path: Path, epochs: list[dict], **overrides) -> dict:
     spec = plugins.workload("mnist")
     world = World(rank=0, local_rank=0, size=2, device=torch.device("cpu"), backend="gloo")
     layout = Layout(preset="tiny", dp_size=2, batch_per_replica=8, global_batch=16,
-                    base_lr=0.001, lr=0.002, epochs=len(epochs), steps_per_epoch=10)
+                    micro_batch=4, accumulation=2, base_lr=0.001, lr=0.002, epochs=len(epochs), steps_per_epoch=10)
     inputs = {
         "config": config, "world": world, "plugins": plugins,
         "workload": spec.create(spec.presets["tiny"]), "layout": layout, "data_dir": tmp_path,

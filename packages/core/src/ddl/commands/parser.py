@@ -63,12 +63,13 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=S,
                    help="local worker processes (default: the site's, 2 on `local`)")
     p.add_argument("--epochs", type=int, default=S, help="default: the preset's")
-    # one of the two (the run configuration checks it: a config file may set either)
+    # both together: gradient accumulation (ddl.settings.config.resolve_batch)
     p.add_argument("--batch-size", type=int, default=S,
-                   help="samples per replica per step (default: the preset's)")
+                   help="samples per replica per forward pass (default: the preset's)")
     p.add_argument("--global-batch-size", type=int, default=S,
                    help="samples per optimizer step over all replicas; keeps runs with "
-                        "different layouts comparable")
+                        "different layouts comparable; with --batch-size, gradients are "
+                        "accumulated over global / (batch x replicas) micro-steps")
     p.add_argument("--lr", type=float, default=S, help="learning rate (default: the preset's)")
     p.add_argument("--lr-scaling", choices=["none", "linear"], default=S,
                    help="linear: lr x global batch / preset batch (default: none)")

@@ -23,6 +23,8 @@ class RunContext:
     parallel: ParallelLayout
     epochs: int
     global_batch: int
-    batch_per_replica: int
+    batch_per_replica: int  # samples per replica per optimizer step
     steps_per_epoch: int | None = None  # None while datasets() runs
     total_steps: int | None = None  # epochs x steps_per_epoch; None while datasets() runs
+    micro_batch: int | None = None  # per replica per forward pass (None: batch_per_replica)
+    accumulation: int = 1  # forward/backward passes per optimizer step

@@ -18,6 +18,8 @@ are one recipe, ``ddl_strategies.compose``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,15 +145,37 @@ class Strategy(ABC):
         """Forward, backward, optimizer step; returns (detached mean loss, outputs) and,
         where ``--clip-grad-norm`` clipped, the global gradient norm before clipping as a
         third element."""
-        inputs, targets = batch
+        loss, outputs, norm = self.train_steps(model, [batch], run, optimizer, precision)
+        return loss, outputs[0], norm
+
+    def check_accumulation(self, run: StrategyContext, steps: int) -> None:
+        """Raise UsageError if this strategy cannot accumulate gradients over ``steps``
+        micro-batches per optimizer step (the batch flags asked for it). The default
+        :meth:`train_steps` can, on plain, DDP and FSDP2 models."""
+
+    def train_steps(self, model: nn.Module, batches: list[tuple[Any, Any]],
+                    run: StrategyContext, optimizer: torch.optim.Optimizer,
+                    precision: Precision) -> tuple[Any, list[Any], Any]:
+        """One optimizer step over several micro-batches (gradient accumulation): each runs
+        forward and backward with its loss divided by their number, so the summed
+        gradients are those of their mean loss; replicas synchronise gradients on the last
+        one only (:func:`gradient_sync`). Returns (mean loss, outputs per micro-batch, the
+        gradient norm before clipping or None)."""
+        import torch
+
         optimizer.zero_grad(set_to_none=True)
-        with precision.autocast():
-            outputs = run.workload.forward(model, inputs)
-            loss = run.workload.loss(outputs, targets)
-        precision.backward(loss)
+        losses, outputs = [], []
+        for i, (inputs, targets) in enumerate(batches):
+            with gradient_sync(model, i == len(batches) - 1):
+                with precision.autocast():
+                    out = run.workload.forward(model, inputs)
+                    loss = run.workload.loss(out, targets)
+                precision.backward(loss / len(batches) if len(batches) > 1 else loss)
+            losses.append(loss.detach())
+            outputs.append(out)
         norm = self.clip_gradients(model, run, optimizer, precision)
         precision.step(optimizer)
-        return loss.detach(), outputs, norm
+        return torch.stack(losses).mean(), outputs, norm
 
     def clip_gradients(self, model: nn.Module, run: StrategyContext,
                        optimizer: torch.optim.Optimizer, precision: Precision) -> Any:
@@ -231,3 +255,30 @@ class Strategy(ABC):
     def full_state_dict(self, model: nn.Module, run: StrategyContext
                         ) -> dict[str, torch.Tensor]:
         """The complete, unwrapped weights (plain tensors; valid on rank 0 at least)."""
+
+
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Backward passes inside this block synchronise gradients over the replicas only if
+    ``enabled``: DDP's ``no_sync`` and FSDP2's ``set_requires_gradient_sync`` (every
+    FSDP-wrapped unit, HSDP included) skip the all-reduce / reduce-scatter and keep local
+    gradients that the next synchronised backward adds in. Other models (one process,
+    tensor parallel alone) have no separate gradient synchronisation to skip."""
+    import torch
+    from torch.distributed.fsdp import FSDPModule
+
+    if enabled:
+        yield
+        return
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_requires_gradient_sync(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_requires_gradient_sync(True, recurse=False)

@@ -45,9 +45,12 @@ class RunConfig(BaseModel):
     preset: str | None = Field(None, description="workload size preset (default: the course's)")
     nproc: int | None = Field(None, ge=1, description="worker processes per node")
     epochs: int | None = Field(None, ge=1)
-    batch_size: int | None = Field(None, ge=1, description="samples per replica per step")
+    batch_size: int | None = Field(None, ge=1, description="samples per replica per forward "
+                                   "pass (a micro-step when --global-batch-size asks for more)")
     global_batch_size: int | None = Field(
-        None, ge=1, description="samples per optimizer step over all replicas")
+        None, ge=1, description="samples per optimizer step over all replicas; with "
+        "--batch-size, gradients of global / (batch x data-parallel degree) micro-steps are "
+        "accumulated per optimizer step")
     strategy_options: dict[str, str] = Field(
         default_factory=dict, description="strategy-specific settings (KEY=VALUE)")
     mesh: dict[str, int] = Field(
@@ -101,9 +104,7 @@ class RunConfig(BaseModel):
         "arrived")
 
     @model_validator(mode="after")
-    def _one_batch_flag(self) -> RunConfig:
-        if self.batch_size is not None and self.global_batch_size is not None:
-            raise ValueError("give --batch-size (per replica) or --global-batch-size, not both")
+    def _one_warmup_flag(self) -> RunConfig:
         if self.warmup_steps is not None and self.warmup_epochs:
             raise ValueError("give --warmup-steps or --warmup-epochs, not both")
         return self
@@ -176,16 +177,38 @@ def resolve_preset(config: RunConfig, spec) -> tuple[str, Any]:
     return name, spec.presets[name]
 
 
-def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> tuple[int, int]:
-    """(per-replica batch, global batch) for a data-parallel degree."""
-    if config.global_batch_size is not None:
-        if config.global_batch_size % dp_size:
+@dataclass(frozen=True)
+class BatchPlan:
+    """How the batch flags cut one optimizer step: ``micro`` samples per replica per
+    forward pass, ``accumulation`` such passes per step (gradients summed, synchronised
+    once), so ``per_replica`` = micro x accumulation and ``global_`` = per_replica x dp."""
+
+    micro: int
+    accumulation: int
+    per_replica: int
+    global_: int
+
+
+def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> BatchPlan:
+    """The batch plan for a data-parallel degree (torchtitan's rule: the global batch and
+    the per-replica micro-batch together imply the accumulation steps)."""
+    glob, micro = config.global_batch_size, config.batch_size
+    if glob is None:
+        micro = micro or preset_batch
+        return BatchPlan(micro, 1, micro, micro * dp_size)
+    if micro is None:
+        if glob % dp_size:
             raise UsageError(
-                f"--global-batch-size: {config.global_batch_size} is not divisible by the "
-                f"{dp_size} data-parallel replicas; use a multiple of {dp_size}")
-        return config.global_batch_size // dp_size, config.global_batch_size
-    per_replica = config.batch_size or preset_batch
-    return per_replica, per_replica * dp_size
+                f"--global-batch-size: {glob} is not divisible by the {dp_size} "
+                f"data-parallel replicas; use a multiple of {dp_size}")
+        return BatchPlan(glob // dp_size, 1, glob // dp_size, glob)
+    step = micro * dp_size
+    if glob % step:
+        raise UsageError(
+            f"--global-batch-size: {glob} is not a multiple of --batch-size {micro} x "
+            f"{dp_size} data-parallel replica(s) = {step}, so no whole number of "
+            f"micro-steps makes it; allowed: multiples of {step}")
+    return BatchPlan(micro, glob // step, glob // dp_size, glob)
 
 
 def scaled_lr(config: RunConfig, base_lr: float, global_batch: int, preset_batch: int) -> float:

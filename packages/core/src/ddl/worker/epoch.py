@@ -42,7 +42,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     layout, world, workload, model = run.layout, run.world, run.workload, run.model
     loader = run.train_loader
     loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-    loader.sampler.start = position * layout.batch_per_replica
+    loader.sampler.start = position * layout.batch_per_replica  # samples, not batches
     model.train()
     sums = MetricSums(world.device)
     data_wait = 0.0
@@ -52,18 +52,19 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     batches = iter(loader)
     for i in range(position, layout.steps_per_epoch):
         t_fetch = time.perf_counter()
-        batch = workload.to_device(next(batches), world.device)
+        micro = [workload.to_device(next(batches), world.device)
+                 for _ in range(layout.accumulation)]
         data_wait += time.perf_counter() - t_fetch
-        loss, outputs, *clipped = run.strategy.train_step(model, batch, run.context,
-                                                          run.optimizer, run.precision)
-        if clipped and clipped[0] is not None:  # --clip-grad-norm: the norm before clipping
-            norms.append(float(clipped[0]))
+        loss, outputs, clipped = _step(run, micro)
+        if clipped is not None:  # --clip-grad-norm: the norm before clipping
+            norms.append(float(clipped))
         run.scheduler.step()
         profiler.step()
         run.step += 1
-        if outputs is not None:  # a pipeline rank without the last stage has none
-            with torch.no_grad():
-                sums.add(workload.sample_metrics(outputs, batch[1]))
+        for out, batch in zip(outputs, micro):
+            if out is not None:  # a pipeline rank without the last stage has none
+                with torch.no_grad():
+                    sums.add(workload.sample_metrics(out, batch[1]))
         if world.is_main and (i + 1) % run.config.log_every == 0:
             print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
                   f"loss {loss.item():.4f} (rank 0)", flush=True)
@@ -85,6 +86,18 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     return Trained(metrics=with_derived(sums.reduce(world), workload), seconds=seconds,
                    data_wait=data_wait,
                    grad_norm=sum(norms) / len(norms) if norms else None)
+
+
+def _step(run: Run, micro: list) -> tuple[torch.Tensor, list, Any]:
+    """One optimizer step through the strategy: (loss, outputs per micro-batch, the
+    gradient norm before clipping or None). One micro-batch goes through ``train_step``
+    (what every strategy has), several through ``train_steps`` (gradient accumulation)."""
+    if len(micro) > 1:
+        return run.strategy.train_steps(run.model, micro, run.context, run.optimizer,
+                                        run.precision)
+    loss, outputs, *clipped = run.strategy.train_step(run.model, micro[0], run.context,
+                                                      run.optimizer, run.precision)
+    return loss, [outputs], clipped[0] if clipped else None
 
 
 def validate(run: Run, epoch: int, position: int, trained: Trained,

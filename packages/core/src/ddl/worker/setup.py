@@ -35,8 +35,10 @@ class Layout:
 
     preset: str
     dp_size: int
-    batch_per_replica: int
+    batch_per_replica: int  # samples per replica per optimizer step
     global_batch: int
+    micro_batch: int  # samples per replica per forward pass (what the loaders deliver)
+    accumulation: int  # forward/backward passes per optimizer step
     base_lr: float
     lr: float
     epochs: int
@@ -67,12 +69,15 @@ def build(config: RunConfig, world: World, plugins: Plugins
     sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
     strategy.check(context)
     dp_size = context.layout.dp
-    per_replica, global_batch = resolve_batch(config, preset.batch_size, dp_size)
+    batch = resolve_batch(config, preset.batch_size, dp_size)
     base_lr = config.lr or preset.lr
-    layout = Layout(preset=preset_name, dp_size=dp_size, batch_per_replica=per_replica,
-                    global_batch=global_batch, base_lr=base_lr,
-                    lr=scaled_lr(config, base_lr, global_batch, preset.batch_size),
+    layout = Layout(preset=preset_name, dp_size=dp_size, batch_per_replica=batch.per_replica,
+                    global_batch=batch.global_, micro_batch=batch.micro,
+                    accumulation=batch.accumulation, base_lr=base_lr,
+                    lr=scaled_lr(config, base_lr, batch.global_, preset.batch_size),
                     epochs=config.epochs or preset.epochs)
+    if layout.accumulation > 1:
+        strategy.check_accumulation(context, layout.accumulation)
     strategy.check_layout(context, layout)
     return strategy, context, layout
 
@@ -154,19 +159,22 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     data_dir = Path(config.data_dir)
     context = RunContext(data_dir=data_dir, world=world, parallel=parallel.layout,
                          epochs=layout.epochs, global_batch=layout.global_batch,
-                         batch_per_replica=layout.batch_per_replica)
+                         batch_per_replica=layout.batch_per_replica,
+                         micro_batch=layout.micro_batch, accumulation=layout.accumulation)
     workload.context = context
     splits = workload.datasets(data_dir)
 
     pin = world.device.type == "cuda"
     dp_rank = parallel.layout.dp_rank(world.rank)
-    loader = train_loader(splits["train"], batch_size=layout.batch_per_replica,
+    # The loader delivers micro-batches; an optimizer step takes `accumulation` of them.
+    loader = train_loader(splits["train"], batch_size=layout.micro_batch,
                           replicas=layout.dp_size, rank=dp_rank, seed=config.seed,
                           workers=workers, pin_memory=pin)
-    if len(loader) == 0:
+    steps = len(loader) // layout.accumulation
+    if steps == 0:
         raise UsageError(f"the global batch {layout.global_batch} is larger than the "
                          f"{len(splits['train'])} training samples; use a smaller batch")
-    layout.steps_per_epoch = min(len(loader), config.steps_per_epoch or len(loader))
+    layout.steps_per_epoch = min(steps, config.steps_per_epoch or steps)
     workload.context = replace(context, steps_per_epoch=layout.steps_per_epoch,
                                total_steps=layout.epochs * layout.steps_per_epoch)
 
@@ -185,8 +193,9 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
                                                                           workload))
     val_loader, test_loader = (
-        eval_loader(splits[s], batch_size=layout.batch_per_replica, replicas=layout.dp_size,
-                    rank=dp_rank, workers=workers, pin_memory=pin) for s in ("val", "test"))
+        eval_loader(splits[s], batch_size=layout.micro_batch, replicas=layout.dp_size,
+                    rank=dp_rank, workers=workers, pin_memory=pin, split=s)
+        for s in ("val", "test"))
     return Run(config=config, world=world, run_dir=run_dir, workload=workload,
                strategy=strategy, context=parallel, layout=layout, data_dir=data_dir, splits=splits,
                parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,

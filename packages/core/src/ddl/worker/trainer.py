@@ -102,10 +102,13 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
 
 def _banner(run: Run) -> str:
     config, world, layout = run.config, run.world, run.layout
+    per_replica = f"{layout.batch_per_replica} per replica" + (
+        f" in {layout.accumulation} micro-steps of {layout.micro_batch}"
+        if layout.accumulation > 1 else "")
     return (f"ddl: {config.plugin} ({layout.preset}) with {config.strategy} on "
             f"{world.size} process(es), {world.device.type}/{world.backend}, "
             f"{run.precision.name}, {run.workers} loader worker(s); global batch "
-            f"{layout.global_batch} ({layout.batch_per_replica} per replica), lr "
+            f"{layout.global_batch} ({per_replica}), lr "
             f"{layout.lr:g}, {layout.steps_per_epoch} steps/epoch, run dir {run.run_dir}")
 
 

@@ -71,6 +71,12 @@ class AccelerateStrategy(Strategy):
                           ) -> torch.optim.Optimizer:
         return model.accelerator.prepare_optimizer(optimizer)
 
+    def check_accumulation(self, run: StrategyContext, steps: int) -> None:
+        raise UsageError(f"--strategy accelerate: --batch-size with --global-batch-size "
+                         f"asks for {steps} accumulated micro-steps per optimizer step, which "
+                         "ddl does not wire through Accelerate; allowed: the same batch flags "
+                         "with --strategy ddp or fsdp, or one of the two flags alone")
+
     def train_step(self, model, batch, run, optimizer, precision):
         inputs, targets = batch
         optimizer.zero_grad(set_to_none=True)

@@ -83,9 +83,11 @@ class MeshStrategy(Strategy):
                 raise UsageError(f"--mesh: pp={p.pp}: {exc}") from None
 
     def check_layout(self, run: StrategyContext, batch: Any) -> None:
-        if run.layout.pp > 1 and batch.batch_per_replica % self._microbatches(run):
+        # the schedule splits what one forward gets: the micro-batch when accumulating
+        if run.layout.pp > 1 and batch.micro_batch % self._microbatches(run):
             raise UsageError(f"--microbatches: {self._microbatches(run)} does not divide the "
-                             f"batch of {batch.batch_per_replica}; use a divisor of the batch")
+                             f"batch of {batch.micro_batch} per forward pass; use a divisor "
+                             "of it")
 
     def _stages(self, run: StrategyContext) -> int:
         return run.layout.pp * pipeline.schedule_choice(self.options)[1]
@@ -141,10 +143,10 @@ class MeshStrategy(Strategy):
         return self.option_flag("reshard_after_forward", True)
 
     # --- running -----------------------------------------------------------------------
-    def train_step(self, model, batch, run, optimizer, precision):
+    def train_steps(self, model, batches, run, optimizer, precision):
         if not isinstance(model, pipeline.Stages):
-            return super().train_step(model, batch, run, optimizer, precision)
-        return model.pipeline.train_step(batch, optimizer, precision, run.clip_grad_norm)
+            return super().train_steps(model, batches, run, optimizer, precision)
+        return model.pipeline.train_step(batches, optimizer, precision, run.clip_grad_norm)
 
     def eval_step(self, model, inputs, targets, run, precision):
         if not isinstance(model, pipeline.Stages):

@@ -176,22 +176,27 @@ class Pipeline:
             output = run(*args, **kwargs)
         return output, losses
 
-    def train_step(self, batch, optimizer, precision, max_norm: float | None):
-        """One optimizer step over all microbatches: (mean loss on every rank, the last
-        stage's outputs or None, the gradient norm before clipping or None)."""
-        inputs, targets = batch
+    def train_step(self, batches, optimizer, precision, max_norm: float | None):
+        """One optimizer step over all microbatches of one or more batches (several:
+        gradient accumulation, one schedule run each, so the microbatches per step
+        multiply): (mean loss on every rank, the last stage's outputs per batch or Nones,
+        the gradient norm before clipping or None)."""
         optimizer.zero_grad(set_to_none=True)
         self._compute = 0.0
         # Every rank times the same window: the last stage finishes its part while the first
         # still runs p-1 backwards, idle time that (p-1)/(m+p-1) counts on every rank.
         dist.barrier(group=self.pp_group)
         start = time.perf_counter()
-        output, losses = self._run(self.schedule.step, inputs, targets, precision)
+        outputs, losses = [], []
+        for inputs, targets in batches:
+            output, batch_losses = self._run(self.schedule.step, inputs, targets, precision)
+            outputs.append(output if self.has_last else None)
+            losses += batch_losses
         dist.barrier(group=self.pp_group)
         wall = time.perf_counter() - start
-        for param in self.params:  # the mean over microbatches, not their sum
+        for param in self.params:  # the mean over all microbatches, not their sum
             if param.grad is not None:
-                param.grad.div_(self.microbatches)
+                param.grad.div_(self.microbatches * len(batches))
         for param, group in self.shared:
             if param.grad is None:  # held but unused on this rank: contributes nothing
                 param.grad = torch.zeros_like(param)
@@ -206,7 +211,7 @@ class Pipeline:
         loss = torch.stack(losses).mean().detach() if self.has_last else \
             torch.zeros((), device=self.world.device)
         dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
-        return loss, (output if self.has_last else None), norm
+        return loss, outputs, norm
 
     def _clip_gradients(self, max_norm: float):
         """--clip-grad-norm over the whole model: each stage's squares summed over the
