@@ -10,6 +10,7 @@ One checkpoint is one directory under ``<run_dir>/checkpoints/``::
                                 another strategy, or one plain process) — DCP reshards.
         trainer.json            step, epoch, position in the epoch, LR scheduler, world size
         rng-00000.pt ...        each rank's RNG states (torch.load(weights_only=True))
+        manifest.json           every other file's size and sha256, written last
     latest                      the name of the newest complete checkpoint
 
 Why this order makes it crash-safe: everything is written into ``.step-N.partial`` (DCP
@@ -18,8 +19,11 @@ every rank has finished, and ``latest`` is replaced last. A kill at any moment l
 previous checkpoint and ``latest`` untouched; a leftover ``.partial`` directory is never
 read and is removed by the next save.
 
-Nothing is unpickled: DCP reads tensors, ``trainer.json`` is JSON, RNG files load with
-``weights_only=True``.
+What is trusted on load (docs/checkpoints.md): a checkpoint is used only when it verifies
+against its manifest (``ddl.worker.checkpoint_manifest``; the choice among checkpoints is
+``ddl.worker.checkpoint_choice``), and even then no file can run code: ``.metadata`` is read
+through an allow-listing unpickler and every other pickle weights-only
+(``ddl.worker.safe_load``); ``trainer.json`` is JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddl.contract.errors import UsageError
+from ddl.worker import checkpoint_manifest, safe_load
 
 if TYPE_CHECKING:
     import torch
@@ -69,19 +74,38 @@ def _is_complete(path: Path) -> bool:
     return (path / ".metadata").is_file() and (path / TRAINER).is_file()
 
 
+def pointed(run_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names, if it names a ``step-*`` directory of this run
+    (never a path elsewhere, nor a symlink leading out of the run directory)."""
+    root = Path(run_dir) / DIR
+    try:
+        name = (root / LATEST).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    named = root / name
+    return named if _STEP.match(name) and inside(named, root) else None
+
+
+def inside(path: Path, root: Path) -> bool:
+    return path.resolve().parent == root.resolve()
+
+
+def steps(run_dir: Path) -> list[Path]:
+    """This run's ``step-*`` directories (inside the run directory), newest first."""
+    root = Path(run_dir) / DIR
+    return sorted((p for p in root.glob("step-*") if _STEP.match(p.name) and p.is_dir()
+                   and inside(p, root)), reverse=True)
+
+
 def latest(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run, or None. Trusts ``latest`` when it names a
     complete checkpoint, else takes the highest complete ``step-*`` (``latest`` is written
-    last, so it can lag one checkpoint behind after a kill)."""
-    root = Path(run_dir) / DIR
-    pointer = root / LATEST
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if _STEP.match(named.name) and _is_complete(named):
-            return named
-    steps = sorted((p for p in root.glob("step-*") if _STEP.match(p.name) and _is_complete(p)),
-                   reverse=True)
-    return steps[0] if steps else None
+    last, so it can lag one checkpoint behind after a kill). Structure only: what a resume
+    may use is decided by ``ddl.worker.checkpoint_choice``, which verifies."""
+    named = pointed(run_dir)
+    if named is not None and _is_complete(named):
+        return named
+    return next((p for p in steps(run_dir) if _is_complete(p)), None)
 
 
 def resolve(resume: str, run_dir: Path) -> Path | None:
@@ -102,7 +126,20 @@ def resolve(resume: str, run_dir: Path) -> Path | None:
 
 
 def read_trainer_state(path: Path) -> TrainerState:
-    return TrainerState(**json.loads((path / TRAINER).read_text()))
+    """``trainer.json``; ValueError (one line) when it is not what ddl writes."""
+    try:
+        fields = json.loads((Path(path) / TRAINER).read_bytes())
+        state = TrainerState(**fields)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{TRAINER} is not a trainer state ({type(exc).__name__})") from None
+    for name, kind in (("step", int), ("epoch", int), ("position", int),
+                       ("global_batch", int), ("world_size", int), ("scheduler", dict),
+                       ("plugin", str), ("preset", str), ("strategy", str)):
+        value = getattr(state, name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(  # noqa: TRY004 - callers report every bad file as ValueError
+                f"{TRAINER}: {name} is {value!r}, not {kind.__name__}")
+    return state
 
 
 # --- names -------------------------------------------------------------------------------
@@ -175,7 +212,8 @@ def save(run_dir: Path, world: World, strategy, context, model, optimizer,
         _write_synced(partial / TRAINER, json.dumps(asdict(trainer), indent=2).encode())
     if os.environ.get(FAULT_KILL_ENV) == str(trainer.step):
         os.kill(os.getpid(), signal.SIGKILL)  # tests: die mid-write, as a node failure would
-    dist.barrier()  # every rank's files are on disk before the checkpoint becomes visible
+    dist.barrier()  # every rank's files are on disk before the checkpoint is hashed
+    _write_manifest(partial, world)
 
     if world.is_main:
         if final.exists():  # the same step saved again (a resumed run): replace it whole
@@ -189,6 +227,20 @@ def save(run_dir: Path, world: World, strategy, context, model, optimizer,
         _prune(root, keep)
     dist.barrier()
     return final
+
+
+def _write_manifest(partial: Path, world: World) -> None:
+    """Each rank hashes its share of the files; rank 0 writes the manifest (fsynced) before
+    the directory is renamed into place."""
+    import torch.distributed as dist
+
+    names = checkpoint_manifest.file_names(partial)
+    mine = checkpoint_manifest.entries(
+        partial, checkpoint_manifest.my_share(names, world.rank, world.size))
+    gathered: list[Any] = [None] * world.size
+    dist.all_gather_object(gathered, mine)
+    if world.is_main:
+        checkpoint_manifest.write(partial, [e for share in gathered for e in share])
 
 
 def _to_bytes(obj: Any) -> bytes:
@@ -210,37 +262,43 @@ def _prune(root: Path, keep: int) -> None:
 # --- loading -----------------------------------------------------------------------------
 def load(path: Path, world: World, strategy, context, model, optimizer) -> TrainerState:
     """Load model, optimizer and this rank's RNG states into an already built run."""
-    import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     state = strategy.checkpoint_state(model, optimizer, context)
     try:
-        dcp.load(state, checkpoint_id=path)
-    except Exception as exc:  # DCP gathers every rank's traceback into one exception
+        dcp.load(state, storage_reader=safe_load.reader(path), planner=safe_load.planner())
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's: BaseException
         raise UsageError(f"--resume: {path} does not fit this model and strategy: "
                          f"{_first_reason(exc)}") from None
     strategy.load_checkpoint_state(model, optimizer, state, context)
     trainer = read_trainer_state(path)
     rng = path / f"rng-{world.rank:05d}.pt"
     if trainer.world_size == world.size and rng.is_file():
-        set_rng_states(torch.load(rng, weights_only=True))
+        set_rng_states(safe_load.load_weights_only(rng))
     return trainer
 
 
-def _first_reason(exc: Exception) -> str:
+def _first_reason(exc: BaseException) -> str:
     found = re.search(r"(Missing key[^\n]*|[Ss]ize mismatch[^\n]*|shape[^\n]*)", str(exc))
     return found.group(1).rstrip(".") if found else type(exc).__name__
 
 
 def load_model_weights(path: Path, model: torch.nn.Module) -> None:
     """Fill a plain, unwrapped model (one process, no process group) from a checkpoint,
-    whatever strategy and number of ranks saved it: for inference or export."""
-    import torch.distributed.checkpoint as dcp
-
+    whatever strategy and number of ranks saved it: for inference or export. The checkpoint
+    must verify and its metadata pass the allow-list, else UsageError (one line)."""
     import warnings
 
+    import torch.distributed.checkpoint as dcp
+
+    from ddl.worker.checkpoint_choice import problem  # it builds on this module
+
+    why = problem(path)  # what a resume checks: manifest, trainer.json, allow-listed metadata
+    if why:
+        raise UsageError(f"checkpoint {path} not loaded: {why}")
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=path)
+        dcp.load(state, storage_reader=safe_load.reader(path), planner=safe_load.planner())
     model.load_state_dict(state["model"])

@@ -15,7 +15,7 @@ from typing import Any
 
 from ddl.contract.errors import UsageError
 from ddl.settings import rundir
-from ddl.worker import checkpoint
+from ddl.worker import checkpoint, checkpoint_choice
 from ddl.worker.setup import Run
 
 
@@ -33,7 +33,7 @@ class Start:
 def start(run: Run) -> Start:
     """Load the checkpoint ``--resume`` names (if any) into ``run`` and say where to begin;
     sets ``run.step`` to the checkpoint's step."""
-    path = checkpoint.resolve(run.config.resume, run.run_dir)
+    path = checkpoint_choice.choose(run.config.resume, run.run_dir, run.world, run.say)
     saved = _load(path, run)
     run.step, epoch, position = (saved.step, saved.epoch, saved.position) if saved else (0, 1, 0)
     return Start(epoch=epoch, position=position, checkpoint=path, saved=saved,
