@@ -154,6 +154,38 @@ def test_intact_example_passes(data_dir):
     conformance.check_in_process(_spec(RegressionWorkload), data_dir)
 
 
+class _AsDicts:
+    def __init__(self, real):
+        self.real = real
+
+    def __len__(self):
+        return len(self.real)
+
+    def __getitem__(self, index):
+        inputs, targets = self.real[index]
+        return {"x": inputs, "y": targets}
+
+
+class DictSamples(RegressionWorkload):
+    """Samples as dicts (as xsum's are), made into (inputs, targets) by to_device()."""
+
+    def datasets(self, data_dir):
+        return {split: _AsDicts(d) for split, d in super().datasets(data_dir).items()}
+
+    def to_device(self, batch, device):
+        return batch["x"].to(device), batch["y"].to(device)
+
+
+class DictSamplesNoPairs(DictSamples):
+    to_device = RegressionWorkload.to_device  # the default unpacks a pair: dicts break it
+
+
+def test_samples_need_to_be_pairs_only_for_the_default_to_device(data_dir):
+    conformance.check_in_process(_spec(DictSamples), data_dir)
+    with pytest.raises(conformance.ContractBroken, match="sample 0 is dict, not an"):
+        conformance.check_in_process(_spec(DictSamplesNoPairs), data_dir)
+
+
 def test_tp_plan_patterns_are_read_as_torch_reads_them(data_dir):
     spec = _spec(PatternTpPlan, capabilities=frozenset({"tp_plan"}))
     conformance.check_hints(spec, PatternTpPlan(PRESETS["tiny"]))
@@ -169,10 +201,128 @@ def test_missing_data_is_generated_and_checked(tmp_path):
 
 
 def test_strategy_failure_names_the_strategy(data_dir, tmp_path):
-    """A strategy run that fails through the real CLI: the workload is not installed in
-    this environment, so `ddl train --plugin example` exits 2, and the kit says which
-    strategy contract broke and quotes ddl's one-line error."""
+    """A run that fails through the real CLI: the workload is not installed in this
+    environment, so `ddl train --plugin example` exits 2, and the kit says which run
+    broke (the one-process reference comes first) and quotes ddl's one-line error."""
     with pytest.raises(conformance.ContractBroken) as caught:
-        conformance.check_strategies("example", data_dir, tmp_path, ["fsdp"])
-    assert caught.value.contract == "strategy:fsdp"
+        conformance.check_strategies("example", data_dir, tmp_path, ["fsdp"], parallel=1)
+    assert caught.value.contract == "strategy:one process"
     assert "exited 2" in str(caught.value) and "unknown plugin 'example'" in str(caught.value)
+
+
+# --- pipeline stages keep the model's names ---------------------------------------------
+
+class RenamingStages(RegressionWorkload):
+    """Stages as a fresh nn.Sequential numbers them: '0.0.weight', not 'block1.0.weight'."""
+
+    def pipeline_splits(self, model):
+        return ["block2", "head"]
+
+    def pipeline_stages(self, model, n_stages):
+        from torch import nn
+
+        return [nn.Sequential(model.block1), nn.Sequential(model.block2, model.head)]
+
+
+class TiedHeadDefaultCut(RegressionWorkload):
+    """An output layer tied to the input layer, cut by the default pipeline_stages: the
+    first stage holds the weight as 'embed.weight', the last as 'head.weight'."""
+
+    def build_model(self):
+        from torch import nn
+
+        model = nn.Sequential()
+        model.add_module("embed", nn.Linear(8, 8, bias=False))
+        model.add_module("mid", nn.Linear(8, 8))
+        model.add_module("head", nn.Linear(8, 8, bias=False))
+        model.head.weight = model.embed.weight
+        return model
+
+    def pipeline_splits(self, model):
+        return ["mid", "head"]
+
+
+@pytest.mark.parametrize("workload,detail", [
+    (RenamingStages, "stage 0 holds '0.0.weight', which is not the model's parameter"),
+    (TiedHeadDefaultCut,
+     "'embed.weight' (tied: embed.weight, head.weight) is held by stages [0, 1] under"),
+])
+def test_pipeline_stages_must_keep_the_models_names(workload, detail):
+    spec = _spec(workload, capabilities=frozenset({"pipeline_splits"}))
+    with pytest.raises(conformance.ContractBroken) as caught:
+        conformance.check_hints(spec, workload(PRESETS["tiny"]))
+    assert caught.value.contract == "pipeline_splits"
+    assert detail in str(caught.value)
+
+
+# --- tolerance rules and the runs a workload gets ----------------------------------------
+
+def _weights(scale=0.0, element=0.0):
+    import torch
+
+    want = {"w": torch.linspace(-1, 1, 10_000), "steps": torch.tensor(3)}
+    got = {"w": want["w"] * (1 + scale), "steps": torch.tensor(3)}
+    got["w"][17] += element
+    return got, want
+
+
+@pytest.mark.parametrize("scale,element,adam,passes", [
+    (0.0, 3e-5, True, True),      # one Adam-amplified element: the tensor still agrees
+    (0.0, 3e-5, False, False),    # ... but not element by element (SGD's rule)
+    (2e-6, 0.0, False, True),     # rounding-sized everywhere: both rules accept
+    (1e-4, 0.0, True, False),     # 1e-4 relative on the whole tensor: a different model
+    (0.0, 2e-4, True, False),     # one element off by 2e-4: over the per-tensor element cap
+])
+def test_tolerance_rules(scale, element, adam, passes):
+    got, want = _weights(scale, element)
+    if passes:
+        conformance.assert_same_weights(got, want, adam=adam)
+    else:
+        with pytest.raises(AssertionError, match="^w: "):
+            conformance.assert_same_weights(got, want, adam=adam)
+
+
+def test_auto_tolerance_follows_the_optimizer():
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert conformance.tolerance_for("auto", torch.optim.SGD(params, lr=0.1)).name == \
+        "elementwise"
+    assert conformance.tolerance_for("auto", torch.optim.AdamW(params)).name == "per-tensor"
+    from ddl.contract.errors import UsageError
+    with pytest.raises(UsageError, match="unknown rule 'loose'; allowed: auto, elementwise"):
+        conformance.tolerance_for("loose")
+
+
+@pytest.mark.parametrize("capabilities,supported,expected", [
+    ({"fsdp_units"}, ["mesh", "ddp", "fsdp"], ["ddp@2", "fsdp@2"]),
+    ({"tp_plan"}, ["mesh", "tp", "fsdp+tp"], ["mesh dp_replicate=2,tp=2@4", "tp@2", "fsdp+tp@4"]),
+    ({"pipeline_splits"}, ["mesh", "pp"], ["mesh pp=2,dp_shard=2@4", "pp@2"]),
+    ({"tp_plan", "pipeline_splits"}, ["mesh", "tp", "pp"], ["mesh pp=2,tp=2@4", "tp@2", "pp@2"]),
+])
+def test_each_supported_strategy_gets_its_smallest_run(capabilities, supported, expected):
+    runs = conformance.plan_runs(supported, frozenset(capabilities))
+    assert [f"{r.label}@{r.nproc}" for r in runs] == expected
+    assert all("prepare_tensor_parallel / tp_plan" in r.suspects for r in runs if "tp" in r.label)
+    assert all("pipeline_stages" in r.suspects for r in runs if "pp" in r.label)
+
+
+def test_a_strategy_mismatch_names_the_run_the_tensors_and_the_hooks():
+    import torch
+
+    from ddl.conformance.runs import compare
+
+    pp, tp = conformance.plan_runs(["pp", "tp"], frozenset({"pipeline_splits", "tp_plan"}))
+    want = {"a.weight": torch.ones(4), "b.weight": torch.ones(4)}
+    with pytest.raises(conformance.ContractBroken) as caught:  # a stage renamed its tensors
+        compare(pp, "gpt", {"a.weight": torch.ones(4), "0.weight": torch.ones(4)}, want,
+                conformance.TOLERANCES["per-tensor"])
+    assert caught.value.contract == "strategy:pp"
+    assert "missing ['b.weight'], extra ['0.weight']" in str(caught.value)
+    assert "check pipeline_stages / pipeline_splits" in str(caught.value)
+    got = {"a.weight": torch.full((4,), 1.01), "b.weight": torch.full((4,), 1.5)}
+    with pytest.raises(conformance.ContractBroken) as caught:
+        compare(tp, "gpt", got, want, conformance.TOLERANCES["per-tensor"])
+    message = str(caught.value)
+    assert "'b.weight' differs from one process by 50 %" in message  # furthest off first
+    assert "'a.weight' by 1 %: check prepare_tensor_parallel / tp_plan" in message

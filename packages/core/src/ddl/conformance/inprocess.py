@@ -1,73 +1,17 @@
-"""The conformance kit: checks that a workload plugin keeps ddl's workload contract.
-
-Third-party plugin authors call these from their own test suite (pytest or not)::
-
-    from ddl import conformance
-
-    def test_my_workload_conforms(tmp_path):
-        conformance.check_workload("mywork", tmp_path)
-
-Each check raises :class:`ContractBroken` (an ``AssertionError``, so pytest reports it as a
-failure) whose message names the broken contract, the workload, and what was found. The
-checks that start processes (``ddp-equivalence``, ``strategy:<name>``) go through the real
-``ddl train`` command line, so the workload must be installed (an entry point in group
-``ddl``); the in-process checks also accept a spec that was never installed.
-
-Contracts (the names the messages use):
-"""
+"""The kit's checks that run inside the calling process: the spec, the data, one batch
+through the model, and the parallelism hints. No installation needed: they take a spec
+(or the workload object made from one)."""
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from ddl.conformance.contracts import ContractBroken
 from ddl.contract.specs import CAPABILITIES, WorkloadSpec
 from ddl.contract.workload import SPLITS
 
-CONTRACTS = {
-    "presets": "the spec has presets, its default preset is one of them, every preset has "
-               "positive epochs, batch size and lr, and a `tiny` preset exists for CPU tests",
-    "capabilities": "the spec declares only capabilities ddl knows",
-    "data": "prepare(synthetic=True) writes data that check_data() accepts",
-    "datasets": "datasets() returns non-empty train, val and test datasets of "
-                "(inputs, targets) samples; every sample len() counts reads and batches "
-                "with the first (all of a small split, ends and a random few of a large one)",
-    "forward-backward": "a batch runs through forward() and loss() to a finite scalar whose "
-                        "backward pass gives finite gradients to the parameters",
-    "metrics": "sample_metrics() returns per-sample tensors including `loss`, whose mean "
-               "equals loss()",
-    "fsdp_units": "a workload declaring fsdp_units returns distinct sub-modules of its model",
-    "pipeline_splits": "a workload declaring pipeline_splits names top-level children of "
-                       "its model",
-    "tp_plan": "a workload declaring tp_plan maps module paths of its model to "
-               "'colwise' or 'rowwise'",
-    "ddp-equivalence": "`ddl train` on 2 processes (DDP, gloo) ends with the weights of 1 "
-                       "process at the same global batch",
-    "strategy": "every strategy the workload's capabilities make it support trains a few "
-                "steps on 2 processes through `ddl train`",
-}
-__doc__ += "".join(f"\n- ``{name}``: {text}." for name, text in CONTRACTS.items())
-
-#: How the CLI checks run ddl: this interpreter, so a venv's plugins are the ones checked.
-DDL_COMMAND = (sys.executable, "-c", "import sys; from ddl.commands.cli import main; sys.exit(main())")
-STEPS = ("--epochs", "1", "--steps-per-epoch", "3", "--seed", "7")
-
-
-class ContractBroken(AssertionError):
-    """A workload broke a named contract of :data:`CONTRACTS`."""
-
-    def __init__(self, contract: str, workload: str, detail: str) -> None:
-        self.contract, self.workload, self.detail = contract, workload, detail
-        rule = CONTRACTS[contract.split(":")[0]]
-        super().__init__(f"workload {workload!r} breaks contract {contract!r}: {detail} "
-                         f"(the contract: {rule})")
-
-
-# --- in-process checks ----------------------------------------------------------------------
 
 def check_spec(spec: WorkloadSpec) -> None:
     """``presets`` and ``capabilities``: the registration data alone, no torch needed."""
@@ -116,7 +60,11 @@ def check_data(spec: WorkloadSpec, data_dir: Path, preset: str = "tiny") -> Any:
 
 
 def check_datasets(workload: Any, data_dir: Path, name: str) -> dict[str, Any]:
-    """``datasets``: the three splits, non-empty, each sample an (inputs, targets) pair."""
+    """``datasets``: the three splits, non-empty, each sample an (inputs, targets) pair
+    (any sample that batches, for a workload whose to_device() makes the pair)."""
+    from ddl.contract.workload import Workload
+
+    pairs = type(workload).to_device is Workload.to_device
     def broken(detail: str) -> ContractBroken:
         return ContractBroken("datasets", name, detail)
 
@@ -136,7 +84,7 @@ def check_datasets(workload: Any, data_dir: Path, name: str) -> dict[str, Any]:
             raise broken(f"len() of split {split!r}: {type(exc).__name__}: {exc}") from exc
         if size == 0:
             raise broken(f"split {split!r} is empty")
-        _check_samples(splits[split], split, size, broken)
+        _check_samples(splits[split], split, size, broken, pairs)
     return splits
 
 
@@ -151,9 +99,9 @@ def _sample_indices(size: int, every_up_to: int = 256, seed: int = 7) -> list[in
     return sorted(set(ends + random.Random(seed).sample(range(8, size - 8), 16)))
 
 
-def _check_samples(dataset: Any, split: str, size: int, broken) -> None:
-    """Each checked sample reads, is an (inputs, targets) pair and batches with sample 0 as
-    the DataLoader would batch them (torch's default_collate)."""
+def _check_samples(dataset: Any, split: str, size: int, broken, pairs: bool) -> None:
+    """Each checked sample reads, is an (inputs, targets) pair (if ``pairs``) and batches
+    with sample 0 as the DataLoader would batch them (torch's default_collate)."""
     from torch.utils.data import default_collate
 
     first = None
@@ -163,7 +111,7 @@ def _check_samples(dataset: Any, split: str, size: int, broken) -> None:
         except Exception as exc:
             raise broken(f"split {split!r} has len() {size} but sample {index} cannot be read: "
                          f"{type(exc).__name__}: {exc}") from exc
-        if not (isinstance(sample, (tuple, list)) and len(sample) == 2):
+        if pairs and not (isinstance(sample, (tuple, list)) and len(sample) == 2):
             raise broken(f"split {split!r} sample {index} is {type(sample).__name__}, "
                          "not an (inputs, targets) pair")
         if first is None:
@@ -233,35 +181,92 @@ def check_model(workload: Any, dataset: Any, name: str, batch_size: int = 4) -> 
 def check_hints(spec: WorkloadSpec, workload: Any) -> None:
     """``fsdp_units``, ``pipeline_splits``, ``tp_plan``: each declared hint is usable."""
     model = workload.build_model()
-    modules = dict(model.named_modules())
-    ids = {id(m) for m in modules.values()}
     if "fsdp_units" in spec.capabilities:
-        units = workload.fsdp_units(model)
-        if not units:
-            raise ContractBroken("fsdp_units", spec.name, "fsdp_units() returned no modules")
-        strangers = [type(u).__name__ for u in units if id(u) not in ids or u is model]
-        if strangers:
-            raise ContractBroken("fsdp_units", spec.name, f"{strangers} are not sub-modules "
-                                 "of the model build_model() returned")
-        if len({id(u) for u in units}) != len(units):
-            raise ContractBroken("fsdp_units", spec.name, "a module is listed twice")
+        _check_fsdp_units(workload, model, spec.name)
     if "pipeline_splits" in spec.capabilities:
-        splits = workload.pipeline_splits(model)
-        children = [n for n, _ in model.named_children()]
-        if not splits:
-            raise ContractBroken("pipeline_splits", spec.name, "no split points")
-        unknown = [s for s in splits if s not in children]
-        if unknown:
-            raise ContractBroken("pipeline_splits", spec.name,
-                                 f"{unknown} are not top-level children ({children})")
+        _check_pipeline(workload, spec.name)
     if "tp_plan" in spec.capabilities:
         plan = workload.tp_plan(model)
         if not plan:
             raise ContractBroken("tp_plan", spec.name, "empty plan")
+        modules = dict(model.named_modules())
         wrong = {p: s for p, s in plan.items() if not _plan_key_matches(p, modules) or s not in
                  ("colwise", "rowwise")}
         if wrong:
             raise ContractBroken("tp_plan", spec.name, f"bad entries {wrong}")
+
+
+def _check_fsdp_units(workload: Any, model: Any, name: str) -> None:
+    units = workload.fsdp_units(model)
+    if not units:
+        raise ContractBroken("fsdp_units", name, "fsdp_units() returned no modules")
+    ids = {id(m) for m in model.modules()}
+    strangers = [type(u).__name__ for u in units if id(u) not in ids or u is model]
+    if strangers:
+        raise ContractBroken("fsdp_units", name, f"{strangers} are not sub-modules "
+                             "of the model build_model() returned")
+    if len({id(u) for u in units}) != len(units):
+        raise ContractBroken("fsdp_units", name, "a module is listed twice")
+
+
+def _check_pipeline(workload: Any, name: str) -> None:
+    """Split points (top-level children, for the default cut), then a cut into 2 stages
+    whose parameters are the model's under the model's names."""
+    from ddl.contract.workload import Workload
+
+    def broken(detail: str) -> ContractBroken:
+        return ContractBroken("pipeline_splits", name, detail)
+
+    model = workload.build_model()
+    splits = workload.pipeline_splits(model)
+    if not splits:
+        raise broken("no split points")
+    default_cut = type(workload).pipeline_stages is Workload.pipeline_stages
+    children = [n for n, _ in model.named_children()]
+    unknown = [s for s in splits if s not in children]
+    if default_cut and unknown:
+        raise broken(f"{unknown} are not top-level children ({children}); the default "
+                     "pipeline_stages cuts there (override pipeline_stages otherwise)")
+    try:
+        stages = list(workload.pipeline_stages(model, 2))
+    except Exception as exc:
+        raise broken(f"pipeline_stages(model, 2) raised {type(exc).__name__}: {exc}") from exc
+    if len(stages) != 2:
+        raise broken(f"pipeline_stages(model, 2) returned {len(stages)} stages, not 2")
+    problem = stage_name_problem(model, stages)
+    if problem:
+        raise broken(problem)
+
+
+def stage_name_problem(model: Any, stages: list[Any]) -> str | None:
+    """What is wrong with the names under which ``stages`` hold ``model``'s parameters:
+    a name the model lacks (or a tensor of another shape or value under it), a parameter
+    no stage holds, or a weight the model uses under several names (a tied head) that
+    stages hold under different ones (the pipeline would then train two copies). None
+    when the stages' state dicts merge into the model's."""
+    import torch
+
+    own = dict(model.named_parameters(remove_duplicate=False))
+    held = [dict(stage.named_parameters(remove_duplicate=False)) for stage in stages]
+    for index, names in enumerate(held):
+        for n, p in names.items():
+            if n not in own or p.shape != own[n].shape or not torch.equal(p, own[n]):
+                return (f"stage {index} holds {n!r}, which is not the model's parameter of "
+                        "that name: stages must keep the full model's names")
+    aliases: dict[int, set[str]] = {}  # the model's names of each of its parameters
+    for n, p in own.items():
+        aliases.setdefault(id(p), set()).add(n)
+    for names in aliases.values():
+        kept = [names & set(stage) for stage in held]
+        holders = [i for i, k in enumerate(kept) if k]
+        if not holders:
+            return f"no stage holds {min(names)!r}"
+        if len(holders) > 1 and not set.intersection(*(kept[i] for i in holders)):
+            first = next(n for n in own if n in names)
+            return (f"the weight {first!r} (tied: {', '.join(n for n in own if n in names)}) "
+                    f"is held by stages {holders} under different names; give it one name "
+                    "in every stage (the default cut cannot: override pipeline_stages)")
+    return None
 
 
 def _plan_key_matches(pattern: str, modules: dict) -> bool:
@@ -282,83 +287,3 @@ def check_in_process(spec: WorkloadSpec, data_dir: Path, preset: str = "tiny") -
     splits = check_datasets(workload, data_dir, spec.name)
     check_model(workload, splits["train"], spec.name)
     check_hints(spec, workload)
-
-
-# --- checks through the real command line ---------------------------------------------------
-
-def _ddl(command: tuple[str, ...], *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900)
-
-
-def _train(command, contract, name, run_dir: Path, *args: str) -> dict:
-    proc = _ddl(command, "train", "--plugin", name, "--run-dir", str(run_dir), *args,
-                cwd=run_dir.parent)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ContractBroken(contract, name, f"`ddl train {' '.join(args)}` exited "
-                             f"{proc.returncode}: {tail}")
-    results = json.loads((run_dir / "results.json").read_text())
-    loss = results["final"]["val"]["loss"]
-    if not math.isfinite(loss):
-        raise ContractBroken(contract, name, f"final validation loss is {loss}")
-    return results
-
-
-def check_ddp_equivalence(name: str, data_dir: Path, work_dir: Path, preset: str = "tiny",
-                          *, global_batch: int = 16, rtol: float = 1e-5,
-                          command: tuple[str, ...] = DDL_COMMAND) -> None:
-    """``ddp-equivalence``: 3 steps on 1 and on 2 processes, same seed and global batch."""
-    import torch
-
-    weights = {}
-    for nproc in (1, 2):
-        run_dir = Path(work_dir) / f"equivalence-{nproc}"
-        _train(command, "ddp-equivalence", name, run_dir, "--preset", preset, "--strategy",
-               "ddp", "--nproc", str(nproc), "--global-batch-size", str(global_batch),
-               "--data-dir", str(data_dir), *STEPS)
-        weights[nproc] = torch.load(run_dir / "model.pt", weights_only=True)
-    one, two = weights[1], weights[2]
-    if one.keys() != two.keys():
-        raise ContractBroken("ddp-equivalence", name, "the two runs saved different tensors")
-    for key in one:
-        if not torch.allclose(two[key].double(), one[key].double(), rtol=rtol, atol=rtol * 0.1):
-            diff = (two[key].double() - one[key].double()).abs().max().item()
-            raise ContractBroken("ddp-equivalence", name, f"{key} differs by up to {diff:.3g} "
-                                 f"(relative tolerance {rtol})")
-
-
-def supported_strategies(spec: WorkloadSpec, plugins: Any = None) -> list[str]:
-    """The installed strategies whose requirements the workload's capabilities meet."""
-    from ddl.contract.plugins import Plugins
-
-    strategies = (plugins or Plugins()).strategies()
-    return [s for s, strategy in strategies.items() if strategy.supports(spec)]
-
-
-def check_strategies(name: str, data_dir: Path, work_dir: Path, strategies: list[str],
-                     preset: str = "tiny", *, command: tuple[str, ...] = DDL_COMMAND) -> None:
-    """``strategy:<name>``: each strategy trains 3 steps on 2 processes."""
-    for strategy in strategies:
-        run_dir = Path(work_dir) / f"strategy-{strategy.replace('+', '-')}"
-        _train(command, f"strategy:{strategy}", name, run_dir, "--preset", preset,
-               "--strategy", strategy, "--nproc", "2", "--data-dir", str(data_dir), *STEPS)
-
-
-def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
-                   strategies: list[str] | None = None, plugins: Any = None,
-                   command: tuple[str, ...] = DDL_COMMAND) -> None:
-    """The whole kit for an installed workload: in-process checks, then DDP equivalence and
-    each supported strategy (default: every one ``ddl plugins`` marks as supported) through
-    ``ddl train``. ``work_dir`` receives the synthetic data and the run directories."""
-    from ddl.contract.plugins import Plugins
-
-    plugins = plugins or Plugins()
-    spec = plugins.workload(name)
-    work_dir = Path(work_dir)
-    data_dir = work_dir / "data"
-    check_in_process(spec, data_dir, preset)
-    check_ddp_equivalence(name, data_dir, work_dir, preset, command=command)
-    chosen = supported_strategies(spec, plugins) if strategies is None else strategies
-    check_strategies(name, data_dir, work_dir, [s for s in chosen if s != "ddp"], preset,
-                     command=command)

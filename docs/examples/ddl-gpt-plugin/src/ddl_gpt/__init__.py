@@ -1,0 +1,1 @@
+"""chargpt: a small GPT trained on a generated character corpus (an example ddl plugin)."""

@@ -1,0 +1,109 @@
+"""The conformance kit: checks that a workload plugin keeps ddl's workload contract.
+
+Third-party plugin authors call it from their own test suite (pytest or not)::
+
+    from ddl import conformance
+
+    def test_my_workload_conforms(tmp_path):
+        conformance.check_workload("mywork", tmp_path)
+
+Each check raises :class:`ContractBroken` (an ``AssertionError``, so pytest reports it as a
+failure) whose message names the broken contract, the workload, and what was found. The
+``strategy:<label>`` checks go through the real ``ddl train`` command line
+(ddl.conformance.runs), so the workload must be installed (an entry point in group
+``ddl``); the in-process checks (ddl.conformance.inprocess) also accept a spec that was
+never installed. "The same weights" is a named rule (ddl.conformance.tolerance).
+
+Contracts (the names the messages use):
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddl.conformance.contracts import CONTRACTS, ContractBroken
+from ddl.conformance.inprocess import (
+    check_data,
+    check_datasets,
+    check_hints,
+    check_in_process,
+    check_model,
+    check_spec,
+    stage_name_problem,
+)
+from ddl.conformance.runs import DDL_COMMAND, STEPS, Run, check_equivalence, plan_runs
+from ddl.conformance.tolerance import (
+    TOLERANCES,
+    Tolerance,
+    assert_same_weights,
+    tolerance_for,
+)
+
+__doc__ += "".join(f"\n- ``{name}``: {text}." for name, text in CONTRACTS.items())
+__all__ = [
+    "CONTRACTS",
+    "DDL_COMMAND",
+    "STEPS",
+    "TOLERANCES",
+    "ContractBroken",
+    "Run",
+    "Tolerance",
+    "assert_same_weights",
+    "check_data",
+    "check_datasets",
+    "check_equivalence",
+    "check_hints",
+    "check_in_process",
+    "check_model",
+    "check_spec",
+    "check_strategies",
+    "check_workload",
+    "plan_runs",
+    "stage_name_problem",
+    "supported_strategies",
+    "tolerance_for",
+]
+
+
+def supported_strategies(spec: Any, plugins: Any = None) -> list[str]:
+    """The installed strategies whose requirements the workload's capabilities meet."""
+    from ddl.contract.plugins import Plugins
+
+    strategies = (plugins or Plugins()).strategies()
+    return [s for s, strategy in strategies.items() if strategy.supports(spec)]
+
+
+def check_strategies(name: str, data_dir: Path, work_dir: Path, strategies: list[str],
+                     preset: str = "tiny", *, tolerance: str | Tolerance = "per-tensor",
+                     capabilities: frozenset[str] = frozenset(), parallel: int = 2,
+                     command: tuple[str, ...] = DDL_COMMAND) -> None:
+    """``strategy:<label>`` for the named strategies alone (the workload installed, its
+    data in ``data_dir``): one process, then each strategy, weights compared."""
+    check_equivalence(name, data_dir, work_dir, plan_runs(strategies, capabilities),
+                      tolerance_for(tolerance), preset, parallel=parallel, command=command)
+
+
+def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
+                   strategies: list[str] | None = None, tolerance: str | Tolerance = "auto",
+                   parallel: int = 2, plugins: Any = None,
+                   command: tuple[str, ...] = DDL_COMMAND) -> None:
+    """The whole kit for an installed workload: the in-process checks, then one process
+    and every strategy in ``strategies`` (default: each ``ddl plugins`` marks supported)
+    through ``ddl train``, final weights compared by ``tolerance``: a rule name of
+    :data:`TOLERANCES`, a :class:`Tolerance`, or ``auto`` (``elementwise`` for an
+    SGD-like optimizer, ``per-tensor`` for Adam and the like). ``work_dir`` receives the
+    synthetic data and the run directories; ``parallel`` launches run at a time."""
+    from ddl.contract.plugins import Plugins
+
+    plugins = plugins or Plugins()
+    spec = plugins.workload(name)
+    work_dir = Path(work_dir)
+    data_dir = work_dir / "data"
+    check_in_process(spec, data_dir, preset)
+    workload = spec.create(spec.presets[preset])
+    rule = tolerance_for(tolerance, workload.optimizer(
+        list(workload.build_model().parameters()), spec.presets[preset].lr))
+    chosen = supported_strategies(spec, plugins) if strategies is None else strategies
+    check_equivalence(name, data_dir, work_dir, plan_runs(chosen, spec.capabilities), rule,
+                      preset, parallel=parallel, command=command)

@@ -1,0 +1,165 @@
+"""The kit's checks through the real `ddl train`: one process as the reference, then every
+strategy the workload supports at its smallest world, final weights compared per tensor.
+
+Each run is 3 optimizer steps of the ``tiny`` preset at the same seed and global batch
+(gloo on the CPU). Launches are the cost, so each layout runs once at the fewest processes
+that exercise it: 2, or 4 where a layout needs two degrees above 1 (``fsdp+tp``: at 2
+processes it is tensor parallel alone, dp = 1; the ``mesh`` run).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddl.conformance.contracts import ContractBroken
+from ddl.conformance.tolerance import Tolerance, mismatches, relative_difference
+
+#: How the checks run ddl: this interpreter, so a venv's plugins are the ones checked.
+DDL_COMMAND = (sys.executable, "-c", "import sys; from ddl.commands.cli import main; sys.exit(main())")
+STEPS = ("--epochs", "1", "--steps-per-epoch", "3", "--seed", "7")
+GLOBAL_BATCH = 16
+LAUNCH_TIMEOUT_S = 900
+
+#: Where to look when a strategy ends elsewhere than one process: the hooks it uses.
+SUSPECTS = {
+    "ddp": "loss() must be the batch mean, the model must not depend on the rank (BatchNorm: "
+           "--sync-bn)",
+    "fsdp": "fsdp_units (a unit's parameters must be used inside its forward)",
+    "tp": "prepare_tensor_parallel / tp_plan",
+    "pp": "pipeline_stages / pipeline_splits (stages keep the full model's names, a tied "
+          "weight one name in every stage)",
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One strategy run: ``label`` names it in failures (``strategy:<label>``)."""
+
+    label: str
+    nproc: int
+    args: tuple[str, ...]
+    suspects: str
+
+
+def plan_runs(strategies: list[str], capabilities: frozenset[str] | set[str]) -> list[Run]:
+    """The runs that check ``strategies`` (what ``ddl plugins`` lists as supported) for a
+    workload with these capabilities. ``mesh`` becomes the layout the hints allow beyond
+    the shorthands (pp x tp, pp x FSDP or HSDP-style replicas x tp); without tp or pp hints
+    it adds no run: its layouts are then data-parallel ones, which the ddp and fsdp runs
+    cover (HSDP aside: 4 more processes for little)."""
+    tp, pp = "tp_plan" in capabilities, "pipeline_splits" in capabilities
+    runs = []
+    for strategy in strategies:
+        if strategy == "mesh":
+            mesh = ("pp=2,tp=2" if tp and pp else "pp=2,dp_shard=2" if pp else
+                    "dp_replicate=2,tp=2" if tp else None)
+            if mesh:
+                dims = [d.split("=")[0] for d in mesh.split(",")]
+                runs.append(Run(f"mesh {mesh}", 4, ("--mesh", mesh), _suspects(dims)))
+            continue
+        nproc = 4 if strategy == "fsdp+tp" else 2
+        runs.append(Run(strategy, nproc, ("--strategy", strategy),
+                        _suspects(strategy.split("+"))))
+    return runs
+
+
+def _suspects(parts: list[str]) -> str:
+    names = {"dp_shard": "fsdp", "dp_replicate": "ddp", "accelerate": "ddp"}
+    return "; ".join(dict.fromkeys(SUSPECTS.get(names.get(p, p), SUSPECTS["ddp"])
+                                   for p in parts))
+
+
+def _ddl(command: tuple[str, ...], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A `ddl` command in a process group of its own (a timeout ends its workers too), one
+    intra-op thread per process as every rank of a multi-process run has: a single process
+    on more threads sums differently, which a 1e-5 comparison can see."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*command, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\ntimed out after {LAUNCH_TIMEOUT_S} s"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def train(command: tuple[str, ...], contract: str, name: str, run_dir: Path,
+          *args: str) -> dict[str, Any]:
+    """`ddl train` into ``run_dir``; returns the final weights (model.pt)."""
+    import torch
+
+    proc = _ddl(command, "train", "--plugin", name, "--run-dir", str(run_dir), *args,
+                cwd=run_dir.parent)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ContractBroken(contract, name, f"`ddl train {' '.join(args)}` exited "
+                             f"{proc.returncode}: {tail}")
+    results = json.loads((run_dir / "results.json").read_text())
+    loss = results["final"]["val"]["loss"]
+    if not math.isfinite(loss):
+        raise ContractBroken(contract, name, f"final validation loss is {loss}")
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def compare(run: Run, name: str, got: dict, want: dict, tolerance: Tolerance) -> None:
+    """ContractBroken naming the strategy, the tensor furthest off, how far, and what to
+    check."""
+    contract = f"strategy:{run.label}"
+    if got.keys() != want.keys():
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        raise ContractBroken(contract, name, f"model.pt holds other tensors than one "
+                             f"process's (missing {missing[:3]}, extra {extra[:3]}): check "
+                             f"{run.suspects}")
+    wrong = mismatches(got, want, tolerance)
+    if wrong:
+        # furthest off first: a wrong hint moves nearly every tensor, a list of 3 shows
+        # where (a wrong head count: the embeddings and the attention projections)
+        off = sorted(((relative_difference(got[t], want[t]), t, why) for t, why in wrong),
+                     reverse=True)
+        (worst, tensor, why), others = off[0], off[1:3]
+        also = "".join(f", {t!r} by {100 * r:.3g} %" for r, t, _ in others)
+        more = f" and {len(off) - 3} more tensor(s)" if len(off) > 3 else ""
+        raise ContractBroken(contract, name, f"{tensor!r} differs from one process by "
+                             f"{100 * worst:.3g} % ({why}; {tolerance.describe()}){also}"
+                             f"{more}: check {run.suspects}")
+
+
+def check_equivalence(name: str, data_dir: Path, work_dir: Path, runs: list[Run],
+                      tolerance: Tolerance, preset: str = "tiny", *,
+                      global_batch: int = GLOBAL_BATCH, parallel: int = 2,
+                      command: tuple[str, ...] = DDL_COMMAND) -> None:
+    """``strategy:<label>``: one process, then each of ``runs``, at the same global batch;
+    up to ``parallel`` launches at a time (a launch waits on start-up and rendezvous as
+    much as it computes). The first failure in ``runs`` order is raised."""
+    common = ("--preset", preset, "--global-batch-size", str(global_batch),
+              "--data-dir", str(data_dir), *STEPS)
+    work_dir = Path(work_dir)
+
+    def launch(run: Run | None) -> dict:
+        if run is None:
+            return train(command, "strategy:one process", name, work_dir / "one-process",
+                         "--nproc", "1", *common)
+        run_dir = work_dir / ("strategy-" + "".join(c if c.isalnum() else "-" for c in run.label))
+        return train(command, f"strategy:{run.label}", name, run_dir, *run.args,
+                     "--nproc", str(run.nproc), *common)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = [pool.submit(launch, run) for run in [None, *runs]]
+        try:
+            want = futures[0].result()
+            for run, future in zip(runs, futures[1:]):
+                compare(run, name, future.result(), want, tolerance)
+        finally:
+            for future in futures:
+                future.cancel()  # launches not yet started; running ones finish

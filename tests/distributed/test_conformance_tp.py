@@ -1,0 +1,72 @@
+"""The kit's tensor-parallel check through real `ddl train` runs: a GPT whose
+prepare_tensor_parallel does nothing (each rank of 2 then splits its half of the width into
+all 4 heads, half as wide: a different model that trains without an error) fails
+`strategy:tp`, naming a tensor, how far it is from one process and the hooks to check; the
+intact GPT passes.
+
+Both are the GPT example (docs/examples/ddl-gpt-plugin) installed as a third party ships a
+plugin (a dist-info with a `ddl` entry point on PYTHONPATH). Each test is 2 launches: one
+process, then tp on 2 (about 15 s here at load 2).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, install_plugin
+
+pytestmark = pytest.mark.distributed
+
+PLUGIN = """
+import sys
+from dataclasses import replace
+
+sys.path.insert(0, {src!r})
+from ddl.contract import hookimpl
+from ddl_gpt.plugin import ddl_register_workloads as gpt_specs
+from ddl_gpt.workload import GptWorkload
+
+
+class LazyTensorParallel(GptWorkload):
+    def prepare_tensor_parallel(self, model, tp_degree):
+        pass  # forgets that each rank now holds heads / tp_degree of the heads
+
+
+@hookimpl
+def ddl_register_workloads():
+    spec = gpt_specs()[0]
+    return [spec, replace(spec, name="lazytp", factory=LazyTensorParallel)]
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    site = tmp_path_factory.mktemp("kit-tp") / "site"
+    src = REPO / "docs" / "examples" / "ddl-gpt-plugin" / "src"
+    return install_plugin(site, "ddl_kit_tp", PLUGIN.format(src=str(src)))["PYTHONPATH"]
+
+
+@pytest.fixture
+def kit(installed, monkeypatch):
+    """The kit as the plugin's own test suite sees it: the plugin importable here (the
+    in-process checks) and in the `ddl train` processes the kit starts."""
+    from ddl import conformance
+
+    monkeypatch.syspath_prepend(installed)
+    monkeypatch.setenv("PYTHONPATH", installed)
+    return conformance
+
+
+def test_do_nothing_tensor_parallel_preparation_fails_naming_the_tp_contract(kit, tmp_path):
+    with pytest.raises(kit.ContractBroken) as caught:
+        kit.check_workload("lazytp", tmp_path, strategies=["tp"])
+    message = str(caught.value)
+    assert caught.value.contract == "strategy:tp", message
+    assert "differs from one process by" in message
+    assert "'blocks.0.attn." in message  # among the 3 tensors furthest off
+    assert "check prepare_tensor_parallel / tp_plan" in message
+    percent = float(message.split("differs from one process by ")[1].split(" %")[0])
+    assert percent > 1, message  # a different model, not rounding
+
+
+def test_intact_gpt_passes_tensor_parallel(kit, tmp_path):
+    kit.check_workload("chargpt", tmp_path, strategies=["tp"])

@@ -1,0 +1,43 @@
+"""The GPT example plugin (docs/examples/ddl-gpt-plugin) as a third party uses it:
+installed from its directory into a fresh venv beside ddl (tests/system/plugin_venv.py),
+listed by `ddl plugins` with every hint, and passing the conformance kit through its own
+test file: one process, then ddp, fsdp, accelerate, tp, pp (2 processes each), fsdp+tp and
+`--mesh pp=2,tp=2` (4 each), every run's final weights equal to one process's by the
+per-tensor rule. 8 launches, 2 at a time: 67 s of this test's time at load 3-5 on the
+2-core development machine, most of it process start-up.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO, run_ddl
+
+from .plugin_venv import ddl_in, install_in_fresh_venv, run_plugin_tests
+
+pytestmark = pytest.mark.system
+
+GPT = REPO / "docs" / "examples" / "ddl-gpt-plugin"
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    return install_in_fresh_venv(GPT, tmp_path_factory.mktemp("third-party-gpt"), "ddl_gpt")
+
+
+def test_listed_with_every_hint_in_the_fresh_venv_only(venv, tmp_path):
+    proc = ddl_in(venv, "plugins", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["chargpt"])
+    assert "small GPT" in line and "ddl-gpt-plugin 0.1.0" in proc.stdout
+    assert "BROKEN" not in proc.stdout
+    project = run_ddl("plugins", cwd=tmp_path)
+    assert project.returncode == 0 and "chargpt" not in project.stdout
+
+
+def test_passes_the_conformance_kit_for_every_strategy(venv, tmp_path):
+    proc = run_plugin_tests(venv, tmp_path / "kit")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout
+    runs = sorted({p.name for p in (tmp_path / "kit").glob("*/strategy-*")})  # + *current
+    assert runs == ["strategy-accelerate", "strategy-ddp", "strategy-fsdp", "strategy-fsdp-tp",
+                    "strategy-mesh-pp-2-tp-2", "strategy-pp", "strategy-tp"], runs
