@@ -53,3 +53,16 @@ def test_data_loading_benchmark_reports_images_per_second(tmp_path):
     assert [r["workers"] for r in result["runs"]] == [0, 1]
     assert all(r["images_per_s"] > 0 for r in result["runs"]) and result["synthetic"]
     assert result["benchmark"] == "data_loading" and result["batch_size"] > 0
+
+
+def test_block_options_benchmark_reports_activation_memory(tmp_path):
+    """Memory part only (the compile part's inductor builds take a minute on a cold cache;
+    tests/distributed/test_block_options.py compiles through the trainer instead)."""
+    result = _run_benchmark("block_options.py", tmp_path / "block.json", "--quick", "--parts",
+                            "memory", timeout=600)
+    for plugin in ("xsum", "imagewoof"):
+        saved = result["activation_memory"][plugin]["saved_for_backward_bytes"]
+        assert set(saved) == {"none", "full", "selective"} and min(saved.values()) > 0
+        assert result["activation_memory"][plugin]["full_over_none"] == pytest.approx(
+            saved["full"] / saved["none"])
+    assert result["compile"] == {} and result["goal"]["course_shape"] is False

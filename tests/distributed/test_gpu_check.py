@@ -59,10 +59,10 @@ def _training_checks_report_what_ran_and_the_measurements(doc):
     by_name = {c["name"]: c for c in doc["checks"]}
     peak = by_name["matmul-peak"]["numbers"]["peak_flops"]
     assert peak > 1e8  # any CPU does more than 0.1 GFLOP/s on one thread
-    fsdp = by_name["fsdp-xsum-bf16"]["numbers"]
+    fsdp = by_name["fsdp-mnist-bf16"]["numbers"]
     assert (fsdp["strategy"], fsdp["precision"], fsdp["backend"], fsdp["device"]) == \
         ("fsdp", "bf16", "gloo", "cpu")
-    for name in ("fsdp-xsum-bf16", "course-mnist-bf16", "profile-mnist"):
+    for name in ("fsdp-mnist-bf16", "course-mnist-bf16", "profile-mnist"):
         n = by_name[name]["numbers"]
         assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
         assert n["mfu_vs_measured_peak"] == pytest.approx(n["achieved_flops_per_device"] / peak)

@@ -70,6 +70,11 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                    help="samples per optimizer step over all replicas; keeps runs with "
                         "different layouts comparable; with --batch-size, gradients are "
                         "accumulated over global / (batch x replicas) micro-steps")
+    p.add_argument("--activation-checkpointing", choices=["none", "full", "selective"],
+                   default=S, help="recompute activations in the backward, per block unit: "
+                                   "full or selective (default: none)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=S,
+                   help="torch.compile each block unit of the model (default: off)")
     p.add_argument("--lr", type=float, default=S, help="learning rate (default: the preset's)")
     p.add_argument("--lr-scaling", choices=["none", "linear"], default=S,
                    help="linear: lr x global batch / preset batch (default: none)")

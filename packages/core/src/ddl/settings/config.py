@@ -73,6 +73,12 @@ class RunConfig(BaseModel):
     clip_grad_norm: float | None = Field(
         None, gt=0, allow_inf_nan=False, description="scale gradients to this global 2-norm "
         "at most (over the whole model, whatever the strategy)")
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        "none", description="recompute activations in the backward pass, per block unit of "
+        "the workload: full (keep only each unit's inputs) or selective (keep matrix "
+        "products and convolutions, recompute the cheap ops)")
+    compile: bool = Field(False, description="torch.compile each block unit of the workload "
+                          "(regional compilation)")
     # torch generators take 64-bit seeds; ranks and epochs are added to this one
     seed: int = Field(1, ge=0, le=2**63 - 1)
     data_dir: Path | None = None

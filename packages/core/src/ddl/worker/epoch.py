@@ -10,6 +10,7 @@ and writes its record to ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,13 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
         micro = [workload.to_device(next(batches), world.device)
                  for _ in range(layout.accumulation)]
         data_wait += time.perf_counter() - t_fetch
-        loss, outputs, clipped = _step(run, micro)
+        # the first steps of an epoch also count the bytes kept for backward (cheap, but
+        # one Python call per saved tensor: not on every step)
+        meter = run.saved_tensors if run.saved_tensors and i - position < 2 else None
+        with meter.measure(len(micro)) if meter else contextlib.nullcontext():
+            loss, outputs, clipped = _step(run, micro)
+        if run.step == 0 and run.config.compile:
+            run.first_step_s = time.perf_counter() - t_fetch
         if clipped is not None:  # --clip-grad-norm: the norm before clipping
             norms.append(float(clipped))
         run.scheduler.step()

@@ -34,7 +34,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              resumed_from: Path | None, resumed: TrainerState | None,
              strategy_report: dict[str, Any], utilisation: list[dict[str, Any]],
              profile: list[dict[str, Any]] | None, peak_flops: float | None,
-             parallel: dict[str, int] | None = None) -> dict[str, Any]:
+             parallel: dict[str, int] | None = None,
+             compiled: dict[str, Any] | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -60,6 +61,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
                "warmup_epochs": config.warmup_epochs, "warmup_steps": config.warmup_steps,
                "schedule": config.lr_schedule},
         "steps_per_epoch": layout.steps_per_epoch,
+        "activation_checkpointing": config.activation_checkpointing,
+        "compile": compiled or {"enabled": False},
         "epochs": epochs,
         "summary": summary,
         "final": {"val": val, "test": test},

@@ -23,7 +23,8 @@ from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
-from ddl.worker import checkpoint, lr_schedule, sync_bn
+from ddl.worker import activation_checkpointing, checkpoint, compiling, lr_schedule, sync_bn
+from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
 from ddl.worker.precision import Precision
@@ -67,6 +68,7 @@ def build(config: RunConfig, world: World, plugins: Plugins
                               workload=workload, microbatches=config.microbatches,
                               clip_grad_norm=config.clip_grad_norm, precision=config.precision)
     sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
+    _check_block_options(config, wspec, world)
     strategy.check(context)
     dp_size = context.layout.dp
     batch = resolve_batch(config, preset.batch_size, dp_size)
@@ -80,6 +82,19 @@ def build(config: RunConfig, world: World, plugins: Plugins
         strategy.check_accumulation(context, layout.accumulation)
     strategy.check_layout(context, layout)
     return strategy, context, layout
+
+
+def _check_block_options(config: RunConfig, wspec, world: World) -> None:
+    """--activation-checkpointing and --compile act on the workload's block units."""
+    wanted = [flag for flag, on in (
+        (f"--activation-checkpointing {config.activation_checkpointing}",
+         config.activation_checkpointing != "none"), ("--compile", config.compile)) if on]
+    if wanted and "fsdp_units" not in wspec.capabilities:
+        raise UsageError(f"{wanted[0]}: workload {wspec.name} names no block units to apply "
+                         "it to (capability fsdp_units, Workload.fsdp_units); allowed for "
+                         f"{wspec.name}: --activation-checkpointing none, no --compile")
+    if config.compile:
+        compiling.check_toolchain(world.device.type)
 
 
 def check_model_fits(strategy: Strategy, context: StrategyContext, layout: Layout,
@@ -127,6 +142,9 @@ class Run:
     val_loader: Any
     test_loader: Any
     step: int = 0
+    # bytes saved for backward (not under --compile: dynamo and saved-tensor hooks)
+    saved_tensors: SavedTensorMeter | None = None
+    first_step_s: float | None = None  # --compile: the first step's wall time, compiling
 
     def say(self, message: str) -> None:
         """Print on rank 0 only, so N ranks do not repeat each line N times."""
@@ -182,6 +200,12 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     model = workload.build_model()
     if config.sync_bn:  # before wrapping: strategies shard or split what they are given
         model = sync_bn.apply(model, world)
+    # per block unit, before wrapping: checkpointing inside, compiling around, sharding outside
+    if config.activation_checkpointing != "none" or config.compile:
+        units = workload.fsdp_units(model)
+        activation_checkpointing.apply(units, config.activation_checkpointing)
+        if config.compile:
+            compiling.apply(units)
     # counted before wrapping: a pipeline rank keeps only its own stages afterwards
     parameters = sum(p.numel() for p in model.parameters())
     model = strategy.wrap(model, parallel)
@@ -200,7 +224,8 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                strategy=strategy, context=parallel, layout=layout, data_dir=data_dir, splits=splits,
                parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,
                precision=precision, workers=workers, train_loader=loader,
-               val_loader=val_loader, test_loader=test_loader)
+               val_loader=val_loader, test_loader=test_loader,
+               saved_tensors=None if config.compile else SavedTensorMeter())
 
 
 def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,

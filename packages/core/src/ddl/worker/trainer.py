@@ -80,7 +80,10 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
     test.update(workload.test_report(evaluated, run.splits["test"], world,
                                      lambda: strategy.generation_model(evaluated, run.context)))
     run.say(f"test  {fmt(test)}")
-    memory = gather(rank_memory(model, run.optimizer, world.device), world.size)
+    mine = rank_memory(model, run.optimizer, world.device)
+    if run.saved_tensors is not None:  # activations: what one micro-step keeps for backward
+        mine["saved_for_backward_bytes"] = run.saved_tensors.peak_bytes
+    memory = gather(mine, world.size)
     strategy_report = strategy.report(model, run.context)
     state = strategy.full_state_dict(model, run.context)
     document = results.assemble(
@@ -92,12 +95,24 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
-        peak_flops=peak_flops, parallel=run.context.layout.degrees())
+        peak_flops=peak_flops, parallel=run.context.layout.degrees(),
+        compiled=_compile_report(run))
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)
         run.say(f"results: {run.run_dir / rundir.RESULTS}")
     return document
+
+
+def _compile_report(run: Run) -> dict[str, Any]:
+    """--compile: rank 0's seconds in torch.compile, and its first optimizer step (which
+    contains them), apart from the steady step time in the summary."""
+    if not run.config.compile:
+        return {"enabled": False}
+    from ddl.worker.compiling import compile_seconds
+
+    return {"enabled": True, "units": "fsdp_units", "compile_time_s": compile_seconds(),
+            "first_step_s": run.first_step_s}
 
 
 def _banner(run: Run) -> str:
