@@ -1,7 +1,7 @@
 """The cifar workload end to end through the real CLI, on 2 CPU processes.
 
 1. `ddl prepare --plugin cifar --synthetic` then `ddl train --plugin cifar --preset tiny
-   --nproc 2`: finishes, and learns (10 shape classes: chance is 10 %).
+   --nproc 2 --epochs 4`: finishes, and learns (10 shape classes: chance is 10 %).
 2. Same seed, same global batch: with BatchNorm synchronised over the ranks (`--preset tiny
    --sync-bn`), 2 ranks of ddp, fsdp and accelerate end with the weights of 1 process. Plain
    BatchNorm (without --sync-bn, as in the course) normalises each rank's half-batch on its
@@ -35,12 +35,14 @@ def prepared_cifar(tmp_path_factory):
 
 def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     run_dir = tmp_path / "run"
+    # 4 of the preset's 8 epochs (CI time): measured 0.50 val / 0.47 test accuracy after 3
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--nproc", "2",
-                   "--data-dir", str(prepared_cifar), "--run-dir", str(run_dir), cwd=tmp_path)
+                   "--epochs", "4", "--data-dir", str(prepared_cifar), "--run-dir",
+                   str(run_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads((run_dir / "results.json").read_text())
     assert results["world"]["size"] == 2 and results["data"]["synthetic"] is True
-    assert results["preset"] == "tiny" and len(results["epochs"]) == PRESETS["tiny"].epochs
+    assert results["preset"] == "tiny" and len(results["epochs"]) == 4
     arch = model.Arch.from_options(PRESETS["tiny"].options)
     assert results["parameters"] == model.count_parameters(arch)["trainable"]
     # learnability: well above chance (10 %) on held-out data, and the loss went down
