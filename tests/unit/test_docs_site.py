@@ -64,6 +64,9 @@ def test_site_builds_without_warnings(tmp_path):
     assert proc.returncode == 0, proc.stderr + hint
     assert "WARNING" not in proc.stderr, proc.stderr + hint
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+    # the site's root is the front page (docs/index.md), not a 404
+    root = (tmp_path / "site" / "index.html").read_text()
+    assert "Where to read, by what you came for" in root
     assert (tmp_path / "site" / "plugin-authors" / "index.html").is_file()
 
 
