@@ -70,3 +70,19 @@ def _plugins():
 
         _PLUGINS.append(Plugins())
     return _PLUGINS[0]
+
+
+# Three optimizer steps at a fixed global batch: the comparisons of equal runs use these.
+THREE_STEPS = ["--epochs", "1", "--steps-per-epoch", "3", "--seed", "7"]
+MNIST_3_STEPS = ["--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "32",
+                 *THREE_STEPS]
+XSUM_3_STEPS = ["--plugin", "xsum", "--preset", "tiny", "--global-batch-size", "16",
+                *THREE_STEPS]
+
+
+def run_on_pool(pools, run_dir: Path, nproc: int, args: list[str],
+                timeout_s: float = 300) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``ddl train ARGS`` on the session's pool of NPROC ranks: (results.json's document,
+    the exported weights)."""
+    rank0 = pools[nproc].run(train_cell, prepare(args, run_dir, nproc), timeout_s=timeout_s)[0]
+    return rank0["results"], rank0["model"]

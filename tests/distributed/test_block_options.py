@@ -17,20 +17,12 @@ import json
 
 import pytest
 import torch
-
 from conftest import assert_one_line_error, assert_same_weights, install_plugin, run_ddl
-from pool_train import prepare, train_cell
+from pool_train import MNIST_3_STEPS as MNIST
+from pool_train import XSUM_3_STEPS as XSUM
+from pool_train import run_on_pool as _run
 
 pytestmark = pytest.mark.distributed
-
-STEPS = ["--epochs", "1", "--steps-per-epoch", "3", "--seed", "7"]
-MNIST = ["--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "32", *STEPS]
-XSUM = ["--plugin", "xsum", "--preset", "tiny", "--global-batch-size", "16", *STEPS]
-
-
-def _run(pools, run_dir, nproc, args):
-    rank0 = pools[nproc].run(train_cell, prepare(args, run_dir, nproc), timeout_s=300)[0]
-    return rank0["results"], rank0["model"]
 
 
 def _saved(results) -> int:

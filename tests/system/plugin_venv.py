@@ -56,3 +56,18 @@ def run_plugin_tests(venv: Path, basetemp: Path) -> subprocess.CompletedProcess:
                         "-p", "no:cacheprovider", "--rootdir", str(plugin),
                         "-c", str(plugin / "pyproject.toml"), "--basetemp", str(basetemp),
                         str(plugin / "tests")], cwd=basetemp.parent, timeout=900)
+
+
+def listed_in_venv_only(venv: Path, workload: str, cwd: Path) -> tuple[str, str]:
+    """`ddl plugins` in the venv lists ``workload`` and nothing broken, and the project's own
+    `ddl plugins` does not list it: (the workload's line, the whole listing)."""
+    from conftest import run_ddl
+
+    proc = ddl_in(venv, "plugins", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    assert "BROKEN" not in proc.stdout
+    line = next(line for line in proc.stdout.splitlines() if line.split()[:1] == [workload])
+    project = run_ddl("plugins", cwd=cwd)
+    assert project.returncode == 0
+    assert workload not in [row.split()[0] for row in project.stdout.splitlines() if row.split()]
+    return line, proc.stdout

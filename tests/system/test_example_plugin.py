@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import REPO
 
-from conftest import REPO, run_ddl
-
-from .plugin_venv import ddl_in, install_in_fresh_venv, run_plugin_tests
+from .plugin_venv import ddl_in, install_in_fresh_venv, listed_in_venv_only, run_plugin_tests
 
 pytestmark = pytest.mark.system
 
@@ -25,14 +24,8 @@ def venv(tmp_path_factory):
 
 
 def test_listed_in_the_fresh_venv_only(venv, tmp_path):
-    proc = ddl_in(venv, "plugins", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    line = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["example"])
-    assert "example plugin" in line
-    assert "ddl-example-plugin 0.1.0" in proc.stdout
-    assert "BROKEN" not in proc.stdout
-    project = run_ddl("plugins", cwd=tmp_path)
-    assert project.returncode == 0 and "ddl-example-plugin" not in project.stdout
+    line, listing = listed_in_venv_only(venv, "example", tmp_path)
+    assert "example plugin" in line and "ddl-example-plugin 0.1.0" in listing
 
 
 def test_trains_on_two_processes(venv, tmp_path):

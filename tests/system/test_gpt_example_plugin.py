@@ -10,9 +10,9 @@ per-tensor rule. 8 launches, 2 at a time: 67 s of this test's time at load 3-5 o
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, run_ddl
+from conftest import REPO
 
-from .plugin_venv import ddl_in, install_in_fresh_venv, run_plugin_tests
+from .plugin_venv import install_in_fresh_venv, listed_in_venv_only, run_plugin_tests
 
 pytestmark = pytest.mark.system
 
@@ -25,13 +25,8 @@ def venv(tmp_path_factory):
 
 
 def test_listed_with_every_hint_in_the_fresh_venv_only(venv, tmp_path):
-    proc = ddl_in(venv, "plugins", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    line = next(line for line in proc.stdout.splitlines() if line.split()[:1] == ["chargpt"])
-    assert "small GPT" in line and "ddl-gpt-plugin 0.1.0" in proc.stdout
-    assert "BROKEN" not in proc.stdout
-    project = run_ddl("plugins", cwd=tmp_path)
-    assert project.returncode == 0 and "chargpt" not in project.stdout
+    line, listing = listed_in_venv_only(venv, "chargpt", tmp_path)
+    assert "small GPT" in line and "ddl-gpt-plugin 0.1.0" in listing
 
 
 def test_passes_the_conformance_kit_for_every_strategy(venv, tmp_path):
