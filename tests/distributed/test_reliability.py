@@ -168,7 +168,7 @@ def test_stop_file_stops_cleanly_after_a_checkpoint(tmp_path, synthetic_mnist, u
     assert proc.returncode == 3, out + err  # stopped, resumable
     assert "stopped after step" in out and "--resume auto" in out
     assert not (run_dir / "results.json").exists()
-    (run_dir / "STOP").unlink()
+    assert not (run_dir / "STOP").exists()  # consumed: the resume below must not stop again
 
     resumed = run_ddl(*args, "--resume", "auto", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

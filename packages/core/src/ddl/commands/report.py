@@ -97,6 +97,20 @@ def point(run_dir: Path, results: dict[str, Any],
     }
 
 
+def _checked_point(run_dir: Path, peak_override: float | None) -> dict[str, Any]:
+    """point(), with a results.json of another shape (``{}``, a list, a hand edit, another
+    tool's) refused in one line instead of a KeyError."""
+    results = read_results(run_dir)
+    try:
+        if not isinstance(results, dict):
+            raise TypeError(f"a JSON {type(results).__name__}, not an object")
+        return point(run_dir, results, peak_override)
+    except (KeyError, TypeError, IndexError, ValueError, ZeroDivisionError) as exc:
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc) or "empty"
+        raise UsageError(f"{Path(run_dir) / 'results.json'}: not a ddl results file ({what}); "
+                         "give directories of runs ddl finished") from None
+
+
 def scaling_kind(points: list[dict[str, Any]]) -> str:
     """'strong' (same global batch), 'weak' (same per-replica batch), 'mixed', or
     'single point'."""
@@ -121,7 +135,7 @@ def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def build(run_dirs: list[Path], peak_override: float | None = None) -> dict[str, Any]:
     runs = expand(run_dirs)
-    points = table([point(d, read_results(d), peak_override) for d in runs])
+    points = table([_checked_point(d, peak_override) for d in runs])
     workloads = {(p["plugin"], p["preset"], p["strategy"]) for p in points}
     if len(workloads) > 1:
         raise UsageError("the runs train different things ("

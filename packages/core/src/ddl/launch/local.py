@@ -5,12 +5,19 @@ torch's own elastic agent (the engine behind torchrun, ``torch.distributed.launc
 picks a free port for a c10d rendezvous on 127.0.0.1, sets RANK/LOCAL_RANK/WORLD_SIZE and
 MASTER_ADDR/MASTER_PORT for each worker, streams their output and reports failures.
 Each worker runs ``python -m ddl.worker RUN_DIR``.
+
+Signals to ``ddl train`` (see docs/checkpoints.md, "Faults and what ddl does"): SIGTERM and
+SIGUSR1 ask the workers for a clean stop (passed on as SIGUSR1; they stop after the next step
+with a checkpoint, exit code 3); the same signal again, or SIGINT (Ctrl-C, exit code 130),
+ends them at once. The agent starts each worker in a session of its own, so nothing reaches
+them unless passed on; a worker also dies with its launcher (``ddl.worker.entry``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 import uuid
@@ -18,15 +25,25 @@ from pathlib import Path
 
 from ddl.contract.errors import DdlError
 from ddl.worker import crash
+from ddl.worker.control import STOP_FILE
+from ddl.worker.entry import LAUNCHER_PID
 
 
 def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     """Run the workers; return the exit code of the run (0, or the first failing rank's)."""
     if nproc == 1:
+        from ddl.worker import control
         from ddl.worker.entry import main as worker_main
 
-        return worker_main([str(run_dir)])
+        kept = _handlers((signal.SIGTERM, signal.SIGUSR1))
+        control.listen()  # SIGINT stays Python's KeyboardInterrupt: exit 130
+        signal.signal(signal.SIGTERM, _stop_then_end)
+        try:
+            return worker_main([str(run_dir)])
+        finally:
+            _restore(kept)
 
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -35,15 +52,34 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The agent logs every failure at length; ddl reports the worker's own one-line error.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in list(logging.root.manager.loggerDict):  # torch gives each module a level
+        if name.startswith("torch.distributed.elastic."):  # ("Received 2 death signal")
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
                           monitor_interval=0.1,
+                          # SIGTERM and SIGUSR1 are ours (a clean stop); the agent stops the
+                          # workers at once on these:
+                          signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
                           start_method="spawn")
     started = time.time()
     os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # a worker checks it still has its launcher
+    kept = _handlers((signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP,
+                      signal.SIGQUIT))
+    forward = _StopForwarder(run_dir)
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGUSR1, forward)
     try:
         elastic_launch(config, sys.executable)("-m", "ddl.worker", str(run_dir))
+    except SignalException as exc:  # the agent has ended the workers by now
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None  # `ddl: interrupted`, exit 130
+        stopped = DdlError(f"stopped at once by {exc.sigval.name}; the workers were ended "
+                           "without a checkpoint; --resume auto continues from the newest one")
+        stopped.exit_code = 128 + exc.sigval
+        raise stopped from None
     except ChildFailedError as exc:
         # When one rank fails the agent stops the others (SIGTERM). Its failures list the
         # rank(s) that ended by themselves first, then those it stopped; a rank that only
@@ -58,8 +94,92 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
             return ddl_exits[-1]
         raise DdlError(_died(first, exc.failures[first].exitcode, len(exc.failures))) from None
     finally:
+        _restore(kept)
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
+        os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+class _StopForwarder:
+    """SIGTERM or SIGUSR1 to the launcher: pass SIGUSR1 on to every worker (a clean stop at
+    the next step); the second one ends the workers at once (the agent's SignalException)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.received = 0
+
+    def __call__(self, signum: int, frame) -> None:
+        from torch.distributed.elastic.multiprocessing import SignalException
+
+        self.received += 1
+        name = signal.Signals(signum).name
+        if self.received > 1:
+            raise SignalException(f"second {name}", sigval=signal.SIGTERM)
+        workers = _worker_pids()
+        listening = [pid for pid in workers if _catches_sigusr1(pid)]
+        for pid in listening:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+        if len(listening) < len(workers) or not workers:
+            # a worker still starting would die of SIGUSR1: rank 0 finds this file instead
+            (self.run_dir / STOP_FILE).touch()
+        # os.write: print() from a signal handler may interrupt a print() in progress
+        os.write(2, f"ddl: {name}: the workers stop after their next step and its checkpoint "
+                    f"(send {name} again to stop at once)\n".encode())
+
+
+def _stop_then_end(signum: int, frame) -> None:
+    """SIGTERM to a one-process run: a clean stop; the second one ends it at once."""
+    from ddl.worker import control
+
+    if not control.stop_requested():
+        control.request_stop(signum)
+        return
+    os.write(2, b"ddl: error: stopped at once by a second SIGTERM, without a checkpoint; "
+                b"--resume auto continues from the newest one\n")
+    raise SystemExit(128 + signum)
+
+
+def _worker_pids() -> list[int]:
+    """This process's children that run ``ddl.worker`` (Linux /proc; the agent keeps its
+    worker handles to itself)."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in map(int, children):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"ddl.worker" in command:
+                pids.append(pid)
+    return pids
+
+
+def _catches_sigusr1(pid: int) -> bool:
+    """Whether ``pid`` has a SIGUSR1 handler (the ``SigCgt`` mask in /proc/PID/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGUSR1 - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _handlers(signals: tuple[signal.Signals, ...]) -> dict[signal.Signals, object]:
+    return {signum: signal.getsignal(signum) for signum in signals}
+
+
+def _restore(handlers: dict[signal.Signals, object]) -> None:
+    """The agent leaves its handlers installed; a later Ctrl-C must be a KeyboardInterrupt."""
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
 
 
 def _died(rank: int, code: int, failed: int) -> str:

@@ -33,6 +33,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+#: Bounds that keep an absurd number from starting thousands of processes or a loop no run
+#: ends (``--nproc 100000``, ``epochs = 99999999999999999999``); far above any real run.
+MAX_NPROC = 256  # processes per node; the largest nodes ddl knows have 8 GPUs
+MAX_COUNT = 10**9  # epochs, steps, batch sizes
+
+
 class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,20 +49,23 @@ class RunConfig(BaseModel):
     launcher: Literal["auto", "local", "srun", "torchrun", "torchrun_jsc"] = Field(
         "auto", description="'auto': local processes outside Slurm, the site's style inside")
     preset: str | None = Field(None, description="workload size preset (default: the course's)")
-    nproc: int | None = Field(None, ge=1, description="worker processes per node")
-    epochs: int | None = Field(None, ge=1)
-    batch_size: int | None = Field(None, ge=1, description="samples per replica per forward "
-                                   "pass (a micro-step when --global-batch-size asks for more)")
+    nproc: int | None = Field(None, ge=1, le=MAX_NPROC,
+                              description="worker processes per node")
+    epochs: int | None = Field(None, ge=1, le=MAX_COUNT)
+    batch_size: int | None = Field(
+        None, ge=1, le=MAX_COUNT, description="samples per replica per forward pass (a "
+        "micro-step when --global-batch-size asks for more)")
     global_batch_size: int | None = Field(
-        None, ge=1, description="samples per optimizer step over all replicas; with "
-        "--batch-size, gradients of global / (batch x data-parallel degree) micro-steps are "
-        "accumulated per optimizer step")
+        None, ge=1, le=MAX_COUNT, description="samples per optimizer step over all replicas; "
+        "with --batch-size, gradients of global / (batch x data-parallel degree) micro-steps "
+        "are accumulated per optimizer step")
     strategy_options: dict[str, str] = Field(
         default_factory=dict, description="strategy-specific settings (KEY=VALUE)")
     mesh: dict[str, int] = Field(
         default_factory=dict, description="parallel degrees by name, e.g. {dp: 2, tp: 2}; "
         "the strategy fills in what is missing from the world size")
-    microbatches: int | None = Field(None, ge=1, description="pipeline microbatches per step")
+    microbatches: int | None = Field(None, ge=1, le=MAX_COUNT,
+                                     description="pipeline microbatches per step")
     sync_bn: bool = Field(False, description="BatchNorm statistics over the whole global batch "
                           "(all data-parallel ranks), not each rank's share")
     lr: float | None = Field(None, gt=0, allow_inf_nan=False,
@@ -65,8 +74,9 @@ class RunConfig(BaseModel):
         "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")
     warmup_epochs: float = Field(0.0, ge=0, allow_inf_nan=False,
                                  description="linear learning-rate warm-up")
-    warmup_steps: int | None = Field(None, ge=0, description="linear learning-rate warm-up in "
-                                     "optimizer steps (instead of --warmup-epochs)")
+    warmup_steps: int | None = Field(
+        None, ge=0, le=MAX_COUNT, description="linear learning-rate warm-up in optimizer "
+        "steps (instead of --warmup-epochs)")
     lr_schedule: Literal["workload", "constant", "cosine", "linear", "step"] = Field(
         "workload", description="learning-rate shape after warm-up: the workload's own "
         "(default), constant, cosine or linear to 0, step (x0.1 at 1/2, x0.01 at 3/4)")
@@ -83,24 +93,27 @@ class RunConfig(BaseModel):
     seed: int = Field(1, ge=0, le=2**63 - 1)
     data_dir: Path | None = None
     run_dir: Path | None = Field(None, description="default: runs/<plugin>-<strategy>-<time>")
-    workers: int | None = Field(None, ge=0, description="DataLoader workers per process")
-    steps_per_epoch: int | None = Field(None, ge=1, description="cap on training steps per epoch")
-    log_every: int = Field(50, ge=1, description="steps between progress lines")
-    profile: int = Field(0, ge=0, description="training steps traced by torch.profiler on "
-                         "every rank (0 = off; ddl.worker.profiling)")
+    workers: int | None = Field(None, ge=0, le=MAX_NPROC,
+                                description="DataLoader workers per process")
+    steps_per_epoch: int | None = Field(None, ge=1, le=MAX_COUNT,
+                                        description="cap on training steps per epoch")
+    log_every: int = Field(50, ge=1, le=MAX_COUNT, description="steps between progress lines")
+    profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
+                         "torch.profiler on every rank (0 = off; ddl.worker.profiling)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "
         "scaler) on older GPUs, fp32 on CPU")
     checkpoint_every: int | None = Field(
-        None, ge=1, description="optimizer steps between checkpoints (default: at the end of "
-        "every epoch only)")
-    keep_checkpoints: int = Field(2, ge=0, description="newest checkpoints kept; 0 = none written")
+        None, ge=1, le=MAX_COUNT, description="optimizer steps between checkpoints (default: "
+        "at the end of every epoch only)")
+    keep_checkpoints: int = Field(2, ge=0, le=MAX_COUNT,
+                                  description="newest checkpoints kept; 0 = none written")
     resume: str = Field(
         "none", min_length=1, description="'auto': continue from this run dir's newest "
         "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")
     max_restarts: int = Field(
-        0, ge=0, description="times the launcher restarts failed workers (local and "
+        0, ge=0, le=1000, description="times the launcher restarts failed workers (local and "
         "torchrun launchers); restarted workers resume from the newest checkpoint")
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")

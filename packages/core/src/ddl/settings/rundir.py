@@ -6,27 +6,35 @@
     <run_dir>/model.pt       the trained weights (a plain state_dict; torch.load(weights_only=True))
     <run_dir>/checkpoints/   resumable training state (see ddl.worker.checkpoint)
 
-Files are written to a temporary name and renamed, so a crash never leaves half a file.
-A directory that already holds results is never reused.
+Files are written to a temporary name and renamed, so a crash never leaves half a file (also
+the appends to metrics.jsonl); they get the usual permissions (0666 less the umask). A
+directory that already holds results is never reused, and one run at a time runs in it
+(``.lock``).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
+import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ddl.contract.errors import UsageError
+from ddl.contract.errors import DdlError, UsageError
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 MODEL = "model.pt"
+#: Errors of a write the file system refused: full, over quota, read-only, not permitted.
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+LOCK = ".lock"  # held (flock) by the process that runs in the directory
 
 
 def name(plugin: str, strategy: str, tag: str) -> str:
@@ -47,60 +55,151 @@ def timestamped(root: Path, plugin: str, strategy: str) -> Path:
 
 
 def create(run_dir: Path, resume: str = "none") -> Path:
-    """Make a fresh run directory; refuse one that already holds a run, unless the run is
-    to be resumed (``--resume auto``) and has not finished."""
+    """Make a fresh run directory and lock it for this run; refuse one that already holds a
+    run, unless the run is to be resumed (``--resume auto``) and has not finished. A
+    directory whose run never trained (e.g. its workers refused the batch size) is reused."""
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir: {run_dir} exists and is not a directory")
-    if resume == "auto" and (run_dir / CONFIG).is_file():
-        if (run_dir / RESULTS).exists():
-            raise UsageError(f"--resume auto: the run in {run_dir} has already finished "
-                             f"({RESULTS} exists); nothing to resume")
-        return run_dir  # an interrupted run: the trainer continues it
-    if run_dir.is_dir() and any((run_dir / name).exists() for name in (CONFIG, RESULTS, MODEL)):
-        raise UsageError(f"--run-dir: {run_dir} already holds a run; choose a new directory "
-                         "(nothing there was changed)")
+    if run_dir.is_dir():
+        if resume == "auto" and (run_dir / CONFIG).is_file():
+            if (run_dir / RESULTS).exists():
+                raise UsageError(f"--resume auto: the run in {run_dir} has already finished "
+                                 f"({RESULTS} exists); nothing to resume")
+            lock(run_dir)
+            return run_dir  # an interrupted run: the trainer continues it
+        if any((run_dir / name).exists() for name in (RESULTS, MODEL)) or _trained(run_dir):
+            raise UsageError(f"--run-dir: {run_dir} already holds a run; choose a new "
+                             "directory (nothing there was changed)")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        lock(run_dir)
     except OSError as exc:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {exc.strerror}") from None
     return run_dir
 
 
+def _trained(run_dir: Path) -> bool:
+    """Whether a run in ``run_dir`` got as far as a metrics record or a checkpoint."""
+    checkpoints = run_dir / "checkpoints"
+    return (run_dir / METRICS).exists() or (checkpoints.is_dir() and any(checkpoints.iterdir()))
+
+
+_held: list[tuple[Path, int]] = []  # the run directory this process runs in, and its lock
+
+
+def lock(run_dir: Path) -> None:
+    """Hold ``RUN_DIR/.lock`` (flock) until this process ends or locks another run directory:
+    two runs writing one directory would interleave their checkpoints. A second run fails
+    in one line naming the holder. The lock dies with its process (kill -9 included). A file
+    system without flock (e.g. Lustre mounted without ``flock``) runs unlocked."""
+    import fcntl
+    import socket
+
+    for _, fd in _held:  # one run at a time per process (a finished in-process run's lock)
+        os.close(fd)
+    _held.clear()
+    path = run_dir / LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:  # a read-only directory (or file system), no permission
+        raise UsageError(f"--run-dir: cannot write in {run_dir}: {exc.strerror}; give a "
+                         "writable directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise UsageError(f"--run-dir: {run_dir} is in use by a run still going ({holder}); "
+                         "wait for it to end, or stop it (kill -TERM that pid), then run this "
+                         "again") from None
+    except OSError:  # no flock on this file system: nothing to hold
+        os.close(fd)
+        return
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    _held.append((run_dir, fd))
+
+
 def write_json(path: Path, data: Any) -> None:
     """Atomically replace ``path`` with ``data`` as indented JSON."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _replace(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``text`` aside, then rename it over ``path``: readers and crashes see the old
+    file or the new one, never half of one. A full disk or a refused write is one line
+    naming the file (the old one is left as it was)."""
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide results from the group
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAILURES:
+            raise DdlError(f"cannot write {path}: {exc.strerror}{_free(path.parent, exc)}; "
+                           f"it was left as it was") from None
         raise
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _free(directory: Path, exc: OSError) -> str:
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return ""
+    try:
+        return f" ({shutil.disk_usage(directory).free / 2**20:.1f} MiB free there)"
+    except OSError:
+        return ""
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def read_jsonl(path: Path, say: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file. A torn last line (left by an older ddl's in-place
+    append cut short by a kill or a full disk) is dropped, and ``say`` tells it; damage
+    elsewhere is a one-line error."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif number == len(lines):
+            if say is not None:
+                say(f"ddl: {path}: dropped a torn last line (an interrupted write): "
+                    f"{line[:60]!r}")
+        else:
+            raise UsageError(f"{path}: line {number} is not a JSON object; repair or remove "
+                             "that line (one record per epoch)")
+    return records
 
 
 def rewrite_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
     """Atomically replace a JSON-lines file (used when a resumed run drops the records of
     epochs it is about to repeat)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.writelines(json.dumps(r, default=str) + "\n" for r in records)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _replace(path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record, default=str) + "\n")
+    """Add one record by write-and-rename (the file holds one small line per epoch, so the
+    copy is cheap): a kill or a full disk leaves the file as it was, never a torn line."""
+    before = path.read_text() if path.is_file() else ""
+    if before and not before.endswith("\n"):
+        before += "\n"
+    _replace(path, before + json.dumps(record, default=str) + "\n")
 
 
 def versions() -> dict[str, Any]:

@@ -8,7 +8,12 @@ in a collective for a rank that already left.
 A stop is requested by SIGUSR1 (sent to the workers) or by a file ``STOP`` in the run
 directory (what ddl's batch scripts create when Slurm signals the job; also a handy manual
 brake). Rank 0 looks for the file at most once a second: one stat per second is cheap
-even on a parallel file system.
+even on a parallel file system. Rank 0 removes the file when it honours the stop, so the
+``--resume auto`` it suggests does not stop again at once.
+
+The SIGUSR1 handler is installed when the worker process starts (:func:`listen`), not only
+when training begins: a signal during set-up is kept until the first step instead of killing
+the worker (SIGUSR1's default action).
 """
 
 from __future__ import annotations
@@ -27,6 +32,26 @@ if TYPE_CHECKING:
     from ddl.contract.world import World
 
 STOP_FILE = "STOP"
+_signalled: list[int] = []  # SIGUSR1 received by this process (kept from start-up on)
+
+
+def request_stop(signum: int, frame=None) -> None:
+    """A signal handler: stop cleanly after the current step (all ranks agree on it)."""
+    _signalled.append(signum)
+
+
+def stop_requested() -> bool:
+    """Whether a stop signal came and has not been honoured yet."""
+    return bool(_signalled)
+
+
+def listen(*signals: signal.Signals) -> None:
+    """Take SIGUSR1 (and ``signals``) as a stop request from now on (main thread only)."""
+    try:
+        for signum in (signal.SIGUSR1, *signals):
+            signal.signal(signum, request_stop)
+    except ValueError:  # not the main thread (an embedding application): the file only
+        pass
 
 
 class TrainingDiverged(DdlError):
@@ -39,18 +64,11 @@ class StepGuard:
     def __init__(self, world: World, run_dir: Path) -> None:
         self.world = world
         self.stop_file = Path(run_dir) / STOP_FILE
-        self._signalled = False
         self._next_look = 0.0
-        try:
-            signal.signal(signal.SIGUSR1, self._on_signal)
-        except ValueError:  # not the main thread (an embedding application): file only
-            pass
-
-    def _on_signal(self, signum, frame) -> None:
-        self._signalled = True
+        listen()
 
     def _stop_requested(self) -> bool:
-        if self._signalled:
+        if _signalled:
             return True
         now = time.monotonic()
         if self.world.is_main and now >= self._next_look:
@@ -85,5 +103,10 @@ class StepGuard:
                 dist.barrier()
             raise TrainingDiverged(message)
         if flags[-1].item():
-            return "SIGUSR1" if self._signalled else f"{self.stop_file} found"
+            reason = (signal.Signals(_signalled[0]).name if _signalled
+                      else f"{self.stop_file} found")
+            _signalled.clear()  # honoured (an embedding process may train again)
+            if self.world.is_main:  # consumed: the suggested --resume auto must not stop again
+                self.stop_file.unlink(missing_ok=True)
+            return reason
         return None

@@ -71,9 +71,26 @@ def run(plan, *, create_run_dir: bool) -> None:
     except Exception as exc:  # plugin code (or ddl's): one line, not a traceback
         if isinstance(exc, DdlError) or _lost_peer(exc):
             raise
+        _raise_if_write_failed(exc, plan.run_dir, world)
         raise crash.failed(exc, world.rank, plan) from None
+    except BaseException as exc:  # DCP's CheckpointException is not an Exception
+        _raise_if_write_failed(exc, plan.run_dir, world)
+        raise
     finally:
         close_world()
+
+
+def _raise_if_write_failed(exc: BaseException, run_dir: Path, world) -> None:
+    """A full disk or a refused write: one line (rank 0's, when every rank saw it in a
+    checkpoint), then every rank leaves."""
+    from ddl.worker import write_errors
+
+    failed = write_errors.one_line(exc, run_dir)
+    if failed is None:
+        return
+    if world.is_main or not hasattr(exc, "failures"):
+        print(f"ddl: error: {failed}", file=sys.stderr, flush=True)
+    raise failed from None
 
 
 def load_plan(args: list[str]):
@@ -159,8 +176,38 @@ def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> None:
     os.sched_setaffinity(0, cores[local_rank])
 
 
+#: Set by the local launcher for its workers: its pid, to notice it died before we tied to it.
+LAUNCHER_PID = "DDL_LAUNCHER_PID"
+
+
+def tie_to_launcher() -> None:
+    """A worker process ends with its launcher, and takes its signals as ddl means them.
+
+    torch's agent starts each worker in a session of its own, so a launcher killed with
+    SIGKILL (``kill -9``, ``timeout -s KILL``, an OOM killer) takes no worker with it; the
+    orphans would train on and write the run directory. Linux's parent-death signal
+    (prctl(2) PR_SET_PDEATHSIG) kills the worker when the process that started it dies.
+    SIGINT (Ctrl-C, or the agent passing it on) ends a worker at once without a traceback;
+    SIGUSR1 asks for a clean stop at the next step (``ddl.worker.control``)."""
+    import signal
+
+    from ddl.worker import control
+
+    control.listen()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        launcher = os.environ.get(LAUNCHER_PID)
+        if launcher and os.getppid() != int(launcher):  # it died before the prctl above
+            os._exit(128 + signal.SIGKILL)
+
+
 def start() -> None:
     """Run as a process's main program (``python -m ddl.worker``) and exit with its code."""
+    tie_to_launcher()
     code = main()
     if code == 0:
         exit_now(0)

@@ -5,6 +5,8 @@ it must hold the same workload and preset, and one saved inside an epoch needs t
 global batch to find its place in the epoch's shuffled order. The epochs finished before
 the resume point keep their records: they are copied from the run that wrote the checkpoint,
 so ``metrics.jsonl`` and ``results.json`` of the resumed run cover the whole training.
+A run killed after its last epoch's checkpoint but before ``results.json`` resumes straight
+to the test split and writes its results.
 """
 
 from __future__ import annotations
@@ -54,11 +56,17 @@ def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
         raise UsageError(f"--resume: {path} stopped inside an epoch with global batch "
                          f"{saved.global_batch}; resume it with the same global batch (now "
                          f"{layout.global_batch}) or from an epoch-end checkpoint")
-    if saved.epoch > layout.epochs:
+    finished = (saved.epoch == layout.epochs + 1 and not saved.position
+                and path.parent.parent.resolve() == run.run_dir.resolve())  # this very run
+    if saved.epoch > layout.epochs and not finished:
         raise UsageError(f"--resume: {path} already completed {saved.epoch - 1} epoch(s); "
                          f"ask for more with --epochs (now {layout.epochs})")
     checkpoint.load(path, run.world, run.strategy, run.context, run.model, run.optimizer)
     run.scheduler.load_state_dict(saved.scheduler)
+    if finished:  # killed after its last checkpoint, before results.json: finish it
+        run.say(f"ddl: resumed from {path}: all {layout.epochs} epoch(s) were trained; "
+                "testing and writing the results")
+        return saved
     run.say(f"ddl: resumed from {path} (step {saved.step}, epoch {saved.epoch}, "
             f"batch {saved.position} of the epoch; saved by {saved.world_size} rank(s) "
             f"under {saved.strategy})")
@@ -70,7 +78,12 @@ def _earlier_epochs(path: Path | None, run: Run, first_epoch: int) -> list[dict[
     checkpoint; this run's metrics.jsonl is rewritten to hold exactly those."""
     metrics = run.run_dir / rundir.METRICS
     source = path.parent.parent / rundir.METRICS if path else metrics
-    records = [r for r in rundir.read_jsonl(source) if r.get("epoch", 0) < first_epoch]
+    records = [r for r in rundir.read_jsonl(source, run.say)
+               if r.get("epoch", 0) < first_epoch]
+    if first_epoch > run.layout.epochs and len(records) < run.layout.epochs:
+        raise UsageError(f"--resume: {path} completed the training, but {source} lacks the "
+                         "epochs' records needed for results.json; train again in a new "
+                         "directory")
     if run.world.is_main and (records or metrics.exists()):
         rundir.rewrite_jsonl(metrics, records)
     return records

@@ -1,0 +1,120 @@
+"""Signals to `ddl train` with two real workers (MNIST tiny, gloo on CPU): SIGTERM and SIGUSR1
+stop the run cleanly with a checkpoint (exit 3), SIGINT ends it at once (exit 130, one line),
+and `kill -9` of the launcher leaves no worker behind (they die with it: parent-death signal).
+
+The runs ask for 50 epochs, so none can finish before the signal lands; each signal is sent
+once the first checkpoint is on disk (the workers are training by then). Workers are found
+through /proc and their end is polled with a bounded wait.
+"""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import DDL
+
+pytestmark = pytest.mark.distributed
+
+ARGS = ["train", "--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "64",
+        "--epochs", "50", "--checkpoint-every", "2", "--seed", "7", "--nproc", "2",
+        "--strategy", "ddp"]
+
+
+def _workers(run_dir: Path) -> list[int]:
+    """Processes running `python -m ddl.worker RUN_DIR` (whoever their parent is now)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"ddl.worker" in argv and str(run_dir).encode() in argv:
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its parent's wait is missing
+
+
+def _start_and_wait_for_training(tmp_path, data):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([DDL, *ARGS, "--data-dir", str(data), "--run-dir", str(run_dir)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env=env)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "latest").is_file():
+        assert proc.poll() is None, f"the run ended before its first checkpoint: " \
+                                    f"{proc.communicate()}"
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    workers = _workers(run_dir)
+    assert len(workers) == 2, workers
+    return proc, run_dir, workers
+
+
+@pytest.fixture
+def cleanup():
+    """Whatever a failing test leaves running is killed (workers found by their run dir)."""
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    yield procs
+    for proc, run_dir in procs:
+        for pid in [proc.pid, *_workers(run_dir)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate()
+
+
+def _none_outlive(workers: list[int], limit: float = 30) -> None:
+    deadline = time.monotonic() + limit
+    while any(_alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, \
+            f"workers {[p for p in workers if _alive(p)]} outlived their launcher"
+        time.sleep(0.05)
+
+
+def test_kill_9_of_the_launcher_takes_the_workers_with_it(tmp_path, synthetic_mnist,
+                                                         cleanup):
+    proc, run_dir, workers = _start_and_wait_for_training(tmp_path, synthetic_mnist)
+    cleanup.append((proc, run_dir))
+    proc.kill()
+    proc.communicate(timeout=60)
+    _none_outlive(workers)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_sigterm_and_sigusr1_stop_cleanly_with_a_checkpoint(tmp_path, synthetic_mnist,
+                                                            cleanup, sig):
+    proc, run_dir, workers = _start_and_wait_for_training(tmp_path, synthetic_mnist)
+    cleanup.append((proc, run_dir))
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, out + err  # stopped on request, resumable (docs)
+    assert "Traceback" not in out + err and "SignalException" not in out + err
+    stopped = [line for line in out.splitlines() if "stopped after step" in line]
+    assert len(stopped) == 1 and "--resume auto" in stopped[0], out
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest in stopped[0]  # the checkpoint written on the way out
+    assert f"ddl: {sig.name}:" in err and len(err.strip().splitlines()) == 1, err
+    _none_outlive(workers)
+
+
+def test_sigint_ends_the_run_at_once_with_exit_130(tmp_path, synthetic_mnist, cleanup):
+    proc, run_dir, workers = _start_and_wait_for_training(tmp_path, synthetic_mnist)
+    cleanup.append((proc, run_dir))
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the launcher (the foreground group)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert err.strip() == "ddl: interrupted", err
+    assert "Traceback" not in out
+    _none_outlive(workers)
