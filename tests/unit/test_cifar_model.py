@@ -1,6 +1,6 @@
 """ResNet v2 of the cifar workload: parameter counts derived by hand, Keras' layout, FLOPs.
 
-The expected counts are the hand derivation in docs/workloads/cifar.md (per block with input
+The expected counts are the hand derivation in docs/workloads/cifar-design.md (per block with input
 c and filters f: 2c + c*f + 2f + 9f^2 + 2f + 4f^2 + 4f, plus c*4f + 4f for a projection),
 written out as numbers here so that a change to the model or to the counting code fails.
 """

@@ -23,7 +23,7 @@ from ddl_imagewoof.workload import ImagewoofWorkload
 
 pytestmark = pytest.mark.unit
 
-# Derived by hand in docs/workloads/imagewoof.md ("Parameter count"): conv weights
+# Derived by hand in docs/workloads/imagewoof-design.md ("Parameter count"): conv weights
 # c_in * c_out * k * k (no bias), BatchNorm 2 * c per layer, linear 2048 * 10 + 10.
 STAGE_PARAMS = {
     "stem": 928 + 9_280 + 18_560,  # 28,768
