@@ -155,7 +155,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
                           workload=workload, microbatches=microbatches)  # as the trainer
     strategy.check(run)
     batch = microbatches * settings.microbatch
-    strategy.check_layout(run, SimpleNamespace(batch_per_replica=batch))
+    strategy.check_layout(run, SimpleNamespace(batch_per_replica=batch, micro_batch=batch))
     torch.manual_seed(0)
     model = strategy.wrap(workload.build_model(), run)
     optimizer = workload.optimizer(model.parameters(), 1e-4)
