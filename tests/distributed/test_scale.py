@@ -4,10 +4,11 @@
 import csv
 import json
 import math
+import os
 
 import pytest
 
-from conftest import run_ddl
+from conftest import DDL, run_bounded, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -18,10 +19,13 @@ PEAK = 1e9  # a given peak, so MFU is checkable by hand (local has none)
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, synthetic_mnist):
     out = tmp_path_factory.mktemp("scale") / "study"
-    proc = run_ddl("scale", "--plugin", "mnist", "--preset", "tiny", "--nprocs", "1,2",
-                   "--scaling", "strong", "--epochs", "2", "--steps-per-epoch", "2",
-                   "--data-dir", str(synthetic_mnist), "--peak-flops", str(PEAK),
-                   "--output", str(out))
+    # as a user runs it: no OMP_NUM_THREADS (run_ddl sets 1 for the equivalence tests), so
+    # ddl's thread policy decides each point's threads
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = run_bounded([DDL, "scale", "--plugin", "mnist", "--preset", "tiny", "--nprocs",
+                        "1,2", "--scaling", "strong", "--epochs", "2", "--steps-per-epoch", "2",
+                        "--data-dir", str(synthetic_mnist), "--peak-flops", str(PEAK),
+                        "--output", str(out)], env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc.stdout
 
@@ -93,3 +97,17 @@ def test_report_renders_the_same_from_finished_runs(study, tmp_path):
     first = json.loads((out / "scale.json").read_text())
     assert again["points"] == first["points"]
     assert (tmp_path / "scale.csv").read_text() == (out / "scale.csv").read_text()
+
+
+def test_points_run_under_one_thread_policy_and_none_beats_ideal(study):
+    """Issue 23: every point splits the usable cores evenly over its ranks (ddl.worker.threads),
+    so the 1-process baseline is not a starved one and no speedup lands above ideal (here:
+    1 process x all cores against 2 x half of them)."""
+    out, stdout = study
+    cores = len(os.sched_getaffinity(0))
+    points = json.loads((out / "scale.json").read_text())["points"]
+    for p in points:
+        threads = _results(p)["threads"]
+        assert threads["per_rank"] == max(cores // p["devices"], 1), threads
+        assert p["threads_per_rank"] == threads["per_rank"]
+    assert max(p["speedup"] for p in points) <= 2.2, stdout

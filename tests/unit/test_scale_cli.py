@@ -67,3 +67,22 @@ def test_report_refuses_runs_of_different_workloads(tmp_path):
         (tmp_path / name / "results.json").write_text(json.dumps(results))
     assert_one_line_error(run_ddl("report", str(tmp_path / "a"), str(tmp_path / "b")),
                           "different things")
+
+
+def _point(devices, samples_per_s, threads):
+    return {"devices": devices, "samples_per_s": samples_per_s, "threads_per_rank": threads,
+            "device": "cpu"}
+
+
+def test_a_speedup_above_ideal_is_flagged_with_its_likely_cause():
+    from ddl.commands.report import table
+
+    # the case: a 1-thread baseline against 2 ranks of 2 threads each
+    points = table([_point(1, 100.0, 1), _point(2, 520.0, 2)])
+    assert points[1]["above_ideal"] and "4 CPU threads in all against 1" in points[1]["warning"]
+    # same cores in total, still far above ideal: the baseline is suspect
+    points = table([_point(1, 100.0, 2), _point(2, 260.0, 1)])
+    assert "baseline was probably slowed" in points[1]["warning"]
+    # within 10 % of ideal: believed, no warning
+    points = table([_point(1, 100.0, 2), _point(2, 215.0, 1)])
+    assert not points[1]["above_ideal"] and points[1]["warning"] is None

@@ -92,6 +92,8 @@ def point(run_dir: Path, results: dict[str, Any],
         "max_peak_rss_bytes": most("peak_rss_bytes"),
         "max_model_state_bytes": most("model_state_bytes"),
         "max_device_peak_allocated_bytes": most("device_peak_allocated_bytes"),
+        "threads_per_rank": (results.get("threads") or {}).get("per_rank"),
+        "device": (results.get("world") or {}).get("device"),
         "cpu_percent_mean": mean_over_ranks("cpu_percent_mean"),
         "device_util_percent_mean": mean_over_ranks("device_util_percent_mean"),
     }
@@ -123,14 +125,40 @@ def scaling_kind(points: list[dict[str, Any]]) -> str:
     return "mixed"
 
 
+ABOVE_IDEAL = 1.10  # a speedup more than 10 % above ideal is flagged, not believed
+
+
 def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sorted by devices, with speedup and efficiency against the smallest run."""
+    """Sorted by devices, with speedup and efficiency against the smallest run, and a
+    warning for each point whose speedup beats the ideal by more than 10 %."""
     points = sorted(points, key=lambda p: p["devices"])
     base = points[0]
     for p in points:
         p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
         p["efficiency"] = p["speedup"] / (p["devices"] / base["devices"])
+        p["above_ideal"] = p["efficiency"] > ABOVE_IDEAL
+        p["warning"] = _why_above_ideal(p, base) if p["above_ideal"] else None
     return points
+
+
+def _why_above_ideal(p: dict[str, Any], base: dict[str, Any]) -> str:
+    """The likely cause of a speedup above ideal, as far as the results tell."""
+    head = (f"{p['devices']} devices: speedup {p['speedup']:.2f} is "
+            f"{p['efficiency'] - 1:.0%} above the ideal {p['devices'] / base['devices']:g}; ")
+    threads = (base.get("threads_per_rank"), p.get("threads_per_rank"))
+    if None not in threads and base["device"] == p["device"] == "cpu":
+        cores = (threads[0] * base["devices"], threads[1] * p["devices"])
+        if cores[1] > cores[0]:
+            return (head + f"it computed with {cores[1]} CPU threads in all against "
+                    f"{cores[0]} for the {base['devices']}-device run: more cores, not "
+                    "better scaling (OMP_NUM_THREADS, docs/measuring.md)")
+    if None in threads:
+        return (head + "the runs do not record their threads per rank (results before "
+                "ddl's thread policy); an uneven thread count, or a baseline slowed by other "
+                "load on the machine, is the usual cause")
+    return (head + f"the {base['devices']}-device baseline was probably slowed (other load "
+            "on the machine, a first epoch too short to warm up, data not yet cached): "
+            "rerun the baseline")
 
 
 def build(run_dirs: list[Path], peak_override: float | None = None) -> dict[str, Any]:
@@ -186,6 +214,10 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
         ax.plot(n, values, "o-", label="measured")
         if ideal:
             ax.plot(n, ideal, "--", color="grey", label="ideal")
+            flagged = [(d, v) for d, v, p in zip(n, values, points) if p.get("above_ideal")]
+            if flagged:  # not believed: see the table's warnings
+                ax.plot(*zip(*flagged), "x", color="red", markersize=10,
+                        label="above ideal by > 10 %: suspect")
             ax.legend()
         ax.set_xlabel("devices (processes)")
         ax.set_ylabel(ylabel)
@@ -209,10 +241,12 @@ def format_table(report: dict[str, Any]) -> str:
     for p in report["points"]:
         mfu_text = f"{p['mfu']:.2%}" if p["mfu"] is not None else "-"
         rss = f"{p['max_peak_rss_bytes'] / 2**20:.0f}" if p["max_peak_rss_bytes"] else "-"
+        flag = "!" if p.get("above_ideal") else " "
         lines.append(f"{p['devices']:>7} {p['epoch_time_s']:>9.2f} {p['samples_per_s']:>10.1f} "
-                     f"{p['speedup']:>8.2f} {p['efficiency']:>7.1%} {mfu_text:>8} "
+                     f"{p['speedup']:>8.2f}{flag}{p['efficiency']:>6.1%} {mfu_text:>8} "
                      f"{p['data_wait_fraction']:>9.1%} {rss:>10} {_pct(p['cpu_percent_mean'])} "
                      f"{_pct(p['device_util_percent_mean'])}")
+    lines += [f"warning: {p['warning']}" for p in report["points"] if p.get("warning")]
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from ddl.contract.errors import DdlError
-from ddl.worker import crash
+from ddl.worker import crash, threads
 from ddl.worker.control import STOP_FILE
 from ddl.worker.entry import LAUNCHER_PID
 
@@ -49,6 +49,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
 
     # Several ranks on few cores: more than one thread per rank makes them all slower
     # (measured: 5-10x on 2 cores). torchrun does the same.
+    threads.capture_user_setting()  # the worker tells the user's value from ours
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The agent logs every failure at length; ddl reports the worker's own one-line error.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

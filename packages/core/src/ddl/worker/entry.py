@@ -20,7 +20,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
-from ddl.worker import crash
+from ddl.worker import crash, threads
 
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
@@ -60,8 +60,9 @@ def run(plan, *, create_run_dir: bool) -> None:
         # checkpoint of this run (not from where it first started, nor from scratch).
         plan = plan.model_copy(update={"config": config.model_copy(update={"resume": "auto"})})
     site = plan.site
-    bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
-                     plan.launcher in PER_NODE_LAUNCHERS)
+    bound = bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
+                             plan.launcher in PER_NODE_LAUNCHERS)
+    threads.apply(plan.launcher, plan.nproc_per_node, bound)  # one thread policy
     world = init_world(plan.config.device, site.accelerator, site.backend,
                        rendezvous_timeout_s=plan.config.rendezvous_timeout)
     try:
@@ -164,16 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> None:
+def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> bool:
     """Under a per-node launcher srun bound only the launcher: pin this worker to the cores
-    next to its GPU (LUMI: GCD -> cores map)."""
+    next to its GPU (LUMI: GCD -> cores map). True if it pinned."""
     cores = site.cpu_binding.worker_cores
     if not (launched_per_node and cores):
-        return
+        return False
     if local_rank >= len(cores):
         raise DdlError(f"site {site.name} lists CPU cores for {len(cores)} devices, but this "
                        f"is local rank {local_rank}")
     os.sched_setaffinity(0, cores[local_rank])
+    return True
 
 
 #: Set by the local launcher for its workers: its pid, to notice it died before we tied to it.

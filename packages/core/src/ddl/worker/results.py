@@ -35,7 +35,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              strategy_report: dict[str, Any], utilisation: list[dict[str, Any]],
              profile: list[dict[str, Any]] | None, peak_flops: float | None,
              parallel: dict[str, int] | None = None,
-             compiled: dict[str, Any] | None = None) -> dict[str, Any]:
+             compiled: dict[str, Any] | None = None,
+             threads: dict[str, Any] | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -55,6 +56,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
                   "device": world.device.type, "parallel": parallel or {}},
         "precision": precision,
         "loader_workers": loader_workers,
+        "threads": threads or {},
         "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch,
                   "micro": layout.micro_batch, "accumulation_steps": layout.accumulation},
         "lr": {"base": layout.base_lr, "scaled": layout.lr, "scaling": config.lr_scaling,

@@ -24,7 +24,7 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
 from ddl.settings import rundir
 from ddl.settings.plan import RunPlan
-from ddl.worker import checkpoint, profiling, results, resume, utilisation
+from ddl.worker import checkpoint, profiling, results, resume, threads, utilisation
 from ddl.worker.control import StepGuard
 from ddl.worker.epoch import train_epoch, validate
 from ddl.worker.evaluation import evaluate, fmt
@@ -96,7 +96,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
         peak_flops=peak_flops, parallel=run.context.layout.degrees(),
-        compiled=_compile_report(run))
+        compiled=_compile_report(run), threads=threads.report())
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)
