@@ -95,6 +95,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-per-epoch", type=int, default=S,
                    help="cap on training steps per epoch (quick checks)")
     p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
+    p.add_argument("--check-every", type=int, default=S, metavar="STEPS",
+                   help="steps between checks for a non-finite loss or a stop request "
+                        "(default: 10; also before checkpoints and at epoch ends)")
     p.add_argument("--profile", type=int, nargs="?", const=5, default=S, metavar="STEPS",
                    help="trace STEPS training steps per rank with torch.profiler (default "
                         "5, after 2 skipped): trace-rank<r>.json + a summary in results.json")

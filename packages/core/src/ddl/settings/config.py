@@ -98,6 +98,10 @@ class RunConfig(BaseModel):
     steps_per_epoch: int | None = Field(None, ge=1, le=MAX_COUNT,
                                         description="cap on training steps per epoch")
     log_every: int = Field(50, ge=1, le=MAX_COUNT, description="steps between progress lines")
+    check_every: int = Field(
+        10, ge=1, le=MAX_COUNT, description="optimizer steps between the checks for a "
+        "non-finite loss and a stop request (one small all-reduce and a host sync each; "
+        "also before every checkpoint and at each epoch's end)")
     profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
                          "torch.profiler on every rank (0 = off; ddl.worker.profiling)")
     device: Literal["auto", "cpu", "cuda"] = "auto"

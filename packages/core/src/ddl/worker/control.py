@@ -61,10 +61,20 @@ class TrainingDiverged(DdlError):
 
 
 class StepGuard:
-    def __init__(self, world: World, run_dir: Path) -> None:
+    """Checks every ``every`` optimizer steps (``--check-every``), and whenever the trainer
+    asks (before a checkpoint, at an epoch's end): one small all-reduce and a host sync per
+    check instead of per step. Between checks each rank keeps, on its device and without
+    waiting for it, the first step whose loss was not finite, so the check still names the
+    step where it began. The price: a non-finite loss or a stop request is acted on up to
+    ``every - 1`` steps late (never after a checkpoint of non-finite weights: one is checked
+    first)."""
+
+    def __init__(self, world: World, run_dir: Path, every: int = 1) -> None:
         self.world = world
+        self.every = max(every, 1)
         self.stop_file = Path(run_dir) / STOP_FILE
         self._next_look = 0.0
+        self._first_bad = None  # device tensor: the first non-finite step since the last check
         listen()
 
     def _stop_requested(self) -> bool:
@@ -77,21 +87,35 @@ class StepGuard:
         return False
 
     def after_step(self, loss: torch.Tensor, step: int, epoch: int, batch: int,
-                   last_checkpoint: Callable[[], Path | None]) -> str | None:
+                   last_checkpoint: Callable[[], Path | None], force: bool = False
+                   ) -> str | None:
         """Raise TrainingDiverged on any rank's non-finite loss; return the reason to stop
-        cleanly after this step, or None to go on."""
+        cleanly after this step, or None to go on. Collective on the checking steps only
+        (the same on every rank: ``step`` counts alike and ``force`` is decided alike)."""
         import torch
         import torch.distributed as dist
 
-        flags = torch.zeros(self.world.size + 1, device=loss.device)
-        flags[self.world.rank] = (~torch.isfinite(loss.detach().float())).any().float()
-        flags[-1] = float(self._stop_requested())
+        bad_now = ~torch.isfinite(loss.detach().float()).all()
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
+        # no host sync: stays on the device until the check
+        self._first_bad = torch.where(bad_now & (self._first_bad == 0),
+                                      torch.full_like(self._first_bad, step), self._first_bad)
+        if not force and step % self.every:
+            return None
+        flags = torch.zeros(self.world.size + 1, dtype=torch.int64, device=loss.device)
+        flags[self.world.rank] = self._first_bad
+        flags[-1] = int(self._stop_requested())
         if self.world.size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        bad = flags[:-1].nonzero().flatten().tolist()
+        self._first_bad.zero_()
+        first = flags[:-1].tolist()  # the one host sync per check
+        bad = [rank for rank, s in enumerate(first) if s]
         if bad:
             ranks = ", ".join(str(r) for r in bad[:8]) + (" ..." if len(bad) > 8 else "")
-            message = (f"non-finite loss at step {step} (epoch {epoch}, batch {batch}) on "
+            since = min(first[r] for r in bad)
+            seen = "" if since == step else f", seen at the check of step {step}"
+            message = (f"non-finite loss at step {since} (epoch {epoch}{seen}) on "
                        f"rank(s) {ranks}; last good checkpoint: {last_checkpoint() or 'none'}; "
                        "lower the learning rate (--lr) or check the data, then resume from "
                        "that checkpoint")

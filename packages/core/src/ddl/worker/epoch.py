@@ -76,17 +76,16 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
             print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
                   f"loss {loss.item():.4f} (rank 0)", flush=True)
         done = i + 1  # batches of this epoch behind us
-        saved = False
-        if (run.config.checkpoint_every and run.step % run.config.checkpoint_every == 0
-                and done < layout.steps_per_epoch):
-            run.save_checkpoint(epoch, done)
-            saved = True
+        checkpoint_due = bool(run.config.checkpoint_every and done < layout.steps_per_epoch
+                              and run.step % run.config.checkpoint_every == 0)
+        # checked before any checkpoint is written, and at the epoch's end
         stop = guard.after_step(loss, run.step, epoch, done,
-                                lambda: checkpoint.latest(run.run_dir))
+                                lambda: checkpoint.latest(run.run_dir),
+                                force=checkpoint_due or done == layout.steps_per_epoch)
+        if checkpoint_due or stop:  # a stop resumes here (the next epoch if this one is done)
+            run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
+                                  else (epoch + 1, 0)))
         if stop:
-            if not saved:  # resume where we stopped (the next epoch if this one is done)
-                run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
-                                      else (epoch + 1, 0)))
             return Trained(stop=stop)
     _sync(world.device)
     seconds = time.perf_counter() - t0

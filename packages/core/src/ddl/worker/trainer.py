@@ -42,7 +42,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
     run = set_up(config, world, plugins, run_dir, workers=plan.loader_workers)
     begin = resume.start(run)  # step, epoch and batch to begin at; earlier epochs' records
 
-    guard = StepGuard(world, run_dir)  # stop on a signal, a stop file or a non-finite loss
+    # stop on a signal, a stop file or a non-finite loss, checked every --check-every steps
+    guard = StepGuard(world, run_dir, every=config.check_every)
     profiler = profiling.StepProfiler(config.profile, run_dir, world.rank, world.device.type)
     profiler.start()
     usage = utilisation.Sampler(world.rank, world.device.type, world.device.index or 0,
