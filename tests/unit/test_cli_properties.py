@@ -260,6 +260,7 @@ def test_train_arguments(scratch, args, config):
        site=st.sampled_from(["jureca-dc", "lumi-g", "local-slurm", "mn5-acc", "local"]))
 @example(args=["--ddl-command", "\udcff"], config=b"", site="jureca-dc")
 @example(args=["--time", "\n"], config=b"", site="lumi-g")
+@example(args=["--container", "\r"], config=b"", site="jureca-dc")
 def test_submit_arguments(scratch, args, config, site):
     argv = ["submit", "--site", site, *args, "--dry-run"]
     assert_clean(run(_with_config(argv, scratch, config)))

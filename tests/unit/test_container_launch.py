@@ -154,6 +154,15 @@ def test_flag_alone_without_a_site_image_is_one_line():
                           "give --container IMAGE")
 
 
+@pytest.mark.parametrize("image", ["\r", " ddl.sif", "ddl\n.sif"])
+def test_an_image_name_with_control_characters_is_one_line(image):
+    """Found by the property test: `--container $'\\r'` printed a note split by the CR."""
+    proc = run_ddl("submit", "--site", "jureca-dc", "--account", "proj", "--dry-run",
+                   "--container", image)
+    assert_one_line_error(proc, f"--container: {image!r} has a control character",
+                          "allowed: an image file's path")
+
+
 def test_missing_image_is_refused_when_submitting(tmp_path):
     proc = run_ddl("submit", "--site", "jureca-dc", "--account", "proj", "--container",
                    str(tmp_path / "nope.sif"))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ddl.commands.flags import train_arguments, train_flags
-from ddl.contract.errors import UsageError
+from ddl.contract.errors import UsageError, as_one_line
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
@@ -57,7 +57,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     if image is not None:  # the slow part (the runtime reads the image) comes last
         note = check_target(site, image, config.device)
         if note:
-            print(f"ddl: note: {note}", file=sys.stderr)
+            print(f"ddl: note: {as_one_line(note)}", file=sys.stderr)
     if ns.dry_run:
         print(script, end="")
         return 0
@@ -83,6 +83,10 @@ def cmd_submit(ns: argparse.Namespace) -> int:
 def _image(given: str | None, dry_run: bool) -> str | None:
     """An image on this machine goes into the script as an absolute path (the job may
     start elsewhere); one that is not here is refused unless only printing."""
+    if given and (given.strip() != given or not given.isprintable()):
+        raise UsageError(f"--container: {given!r} has a control character or surrounding "
+                         "blanks; allowed: an image file's path or a registry reference "
+                         "(docker://..., oras://...)")
     if not given or "://" in given:
         return given
     if Path(given).exists():
