@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -14,6 +15,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DDL = str(Path(sys.executable).with_name("ddl"))  # the console script of this venv
+# Seconds per test module, measured (scripts/test_durations.py writes it)
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Costliest modules first (longest-first scheduling): pytest-xdist hands tests out in
+    this order, so the long ones start early and the workers finish together. A module's
+    tests stay together and in order; modules not measured keep their place after them."""
+    try:
+        seconds = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    position = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0),
+                                 position[id(item)]))
 
 
 def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,

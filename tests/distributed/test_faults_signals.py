@@ -9,7 +9,9 @@ through /proc and their end is polled with a bounded wait.
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,10 +46,11 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
-def _start_and_wait_for_training(tmp_path, data):
+def _start_and_wait_for_training(tmp_path, data, *extra):
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([DDL, *ARGS, "--data-dir", str(data), "--run-dir", str(run_dir)],
+    proc = subprocess.Popen([DDL, *ARGS, *extra, "--data-dir", str(data),
+                             "--run-dir", str(run_dir)],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=env)
     deadline = time.monotonic() + 300
@@ -118,3 +121,72 @@ def test_sigint_ends_the_run_at_once_with_exit_130(tmp_path, synthetic_mnist, cl
     assert err.strip() == "ddl: interrupted", err
     assert "Traceback" not in out
     _none_outlive(workers)
+
+
+def _rank_of(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(b"RANK="))[5:])
+
+
+def test_a_stopped_rank_is_named_by_the_heartbeat_long_before_the_collective_timeout(
+        tmp_path, synthetic_mnist, cleanup):
+    """SIGSTOP of rank 1: rank 0's heartbeat watcher finds its counter still after
+    --hang-timeout (4 s here; the collective timeout is 600 s), kills it and ends the run
+    with one line naming rank 1."""
+    proc, run_dir, workers = _start_and_wait_for_training(
+        tmp_path, synthetic_mnist, "--hang-timeout", "4")
+    cleanup.append((proc, run_dir))
+    hung = next(pid for pid in workers if _rank_of(pid) == 1)
+    os.kill(hung, signal.SIGSTOP)
+    out, err = proc.communicate(timeout=120)  # far below the 600 s collective timeout
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddl: error: rank 1 "), err
+    assert "sent no heartbeat for" in lines[0] and "--hang-timeout 4" in lines[0], err
+    assert f"its process (pid {hung}) was killed" in lines[0], err
+    _none_outlive(workers)
+
+
+def test_a_stopped_rank_0_that_hosts_the_store_is_named_by_rank_1(tmp_path, synthetic_mnist):
+    """As under srun (no agent): rank 0's own process hosts the store, so stopping it
+    silences the store too; rank 1 counts that silence as rank 0's, prints the one line
+    itself (no launcher merges lines here), kills rank 0 and exits 1."""
+    from ddl.settings.config import build
+    from ddl.settings.plan import PLAN_ENV, make_plan
+
+    run_dir = tmp_path / "run"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = {"site": "local", "device": "cpu", "run_dir": run_dir, "plugin": "mnist",
+             "preset": "tiny", "global_batch_size": 64, "epochs": 50, "checkpoint_every": 2,
+             "strategy": "ddp", "data_dir": synthetic_mnist, "hang_timeout": 4}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC_", "SLURM_", "DDL_"))}
+    env.update(LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1")
+    env[PLAN_ENV] = make_plan(build(flags), env).model_dump_json()
+    procs = [subprocess.Popen([sys.executable, "-m", "ddl.worker"], env={**env, "RANK": str(r)},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "latest").is_file():
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.05)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        out, err = procs[1].communicate(timeout=120)
+        assert procs[1].returncode == 1, out + err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ddl: error: rank 0 "), err
+        assert "sent no heartbeat" in lines[0], err
+        assert f"its process (pid {procs[0].pid}) was killed" in lines[0], err
+        procs[0].communicate(timeout=30)
+        assert procs[0].returncode == -signal.SIGKILL
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()

@@ -126,6 +126,10 @@ class RunConfig(BaseModel):
         "MASTER_ADDR:MASTER_PORT before the run fails naming the address and how many ranks "
         "arrived")
 
+    hang_timeout: float = Field(
+        120, ge=0, le=86400, description="seconds without a heartbeat after which a rank "
+        "counts as hung (stopped, a frozen node) and the run ends naming it; 0 = off")
+
     @model_validator(mode="after")
     def _one_warmup_flag(self) -> RunConfig:
         if self.warmup_steps is not None and self.warmup_epochs:

@@ -81,6 +81,19 @@ def failed(exc: BaseException, rank: int, plan: Any) -> Failed:
     return Failed(summary({rank: record}), saved)
 
 
+def record_line(folder: Path, rank: int, line: str) -> bool:
+    """Record a failure of ``rank`` that is already one line (a hung rank, seen by another
+    one); True if the launcher will print it (else the caller prints it)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".rank{rank}-error.json"
+        tmp.write_text(json.dumps({"line": line, "subject": "", "what": "", "rest": line}))
+        tmp.replace(folder / f"rank{rank}-error.json")
+    except OSError:
+        return False
+    return bool(os.environ.get(LAUNCHER_REPORTS))
+
+
 def describe(exc: BaseException, plan: Any) -> dict[str, str]:
     """{subject, what, rest}: "plugin 'x'", "forward() in a training step", "RuntimeError:
     ... (at ddl_x/model.py:42 in forward)"."""
@@ -152,6 +165,9 @@ def _code_location(exc: BaseException) -> str:
 def summary(records: dict[int, dict[str, str]], first: int | None = None) -> str:
     """One line for the failed ranks: the first rank's failure (``first``, else the lowest
     rank), the ranks that failed the same way, what the others failed in, the tracebacks."""
+    said = next((rec["line"] for rec in records.values() if "line" in rec), None)
+    if said:  # a rank that hung: what the others then failed in follows from it
+        return said
     lead = records[first if first in records else min(records)]
     key = (lead["subject"], lead["what"], lead["rest"])
     same = sorted(r for r, rec in records.items()

@@ -20,7 +20,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
-from ddl.worker import crash, threads
+from ddl.worker import crash, heartbeat, threads
 
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
@@ -65,9 +65,11 @@ def run(plan, *, create_run_dir: bool) -> None:
     threads.apply(plan.launcher, plan.nproc_per_node, bound)  # one thread policy
     world = init_world(plan.config.device, site.accelerator, site.backend,
                        rendezvous_timeout_s=plan.config.rendezvous_timeout)
+    beat = None
     try:
         if create_run_dir:
             _create_run_dir_on_rank0(plan, world)
+        beat = heartbeat.start(world, config.hang_timeout, plan.run_dir)
         train(plan, world, Plugins())
     except Exception as exc:  # plugin code (or ddl's): one line, not a traceback
         if isinstance(exc, DdlError) or _lost_peer(exc):
@@ -78,6 +80,8 @@ def run(plan, *, create_run_dir: bool) -> None:
         _raise_if_write_failed(exc, plan.run_dir, world)
         raise
     finally:
+        if beat is not None:
+            beat.stop()
         close_world()
 
 

@@ -38,11 +38,15 @@ over which slice of the run's DeviceMesh (after tensor parallel and the pipeline
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from ddl.contract.errors import UsageError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 OPTIONS_HELP = {"reshard_after_forward": "free gathered parameters after forward "
                                          "(default true)",
@@ -63,6 +67,8 @@ def check_options(options: dict[str, str]) -> None:
 
 def mixed_precision(options: dict[str, str]) -> MixedPrecisionPolicy:
     """FSDP2's policy from the options (unset: FSDP's own default, no casting)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # ~0.5 s: only when sharding
+
     param, reduce = (options.get(n) for n in ("param_dtype", "reduce_dtype"))
     return MixedPrecisionPolicy(param_dtype=DTYPES.get(param), reduce_dtype=DTYPES.get(reduce))
 
@@ -72,6 +78,8 @@ def shard(module: nn.Module, units: list[nn.Module], mesh, *, reshard: bool,
     """``fully_shard`` each unit, then the root ``module`` (which holds what no unit owns:
     stem, head, norms, and drives the schedule). ``mesh``: 1-D (dp_shard) for FSDP, 2-D
     (dp_replicate, dp_shard) for HSDP."""
+    from torch.distributed.fsdp import fully_shard
+
     policy = mixed_precision(options)
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)

@@ -46,26 +46,23 @@ the optimizer step, as a single process would accumulate it over its uses.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleLoopedBFS,
-)
 
 from ddl.contract.errors import UsageError
 from ddl.contract.world import World
 
-SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-MULTI = {"interleaved1f1b": ScheduleInterleaved1F1B, "looped_bfs": ScheduleLoopedBFS,
-         "interleaved_zb": ScheduleInterleavedZeroBubble}
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+
+# torch.distributed.pipelining's class names; imported when a pipeline is built (importing
+# it pulls in torch._dynamo: ~0.6 s of every process's start-up, pipelines or not)
+SINGLE = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+MULTI = {"interleaved1f1b": "ScheduleInterleaved1F1B", "looped_bfs": "ScheduleLoopedBFS",
+         "interleaved_zb": "ScheduleInterleavedZeroBubble"}
 
 
 OPTIONS_HELP = {
@@ -130,16 +127,18 @@ class Pipeline:
             schedule, len(stage_ids), pp, n_stages
         stride = world.size // pp  # ranks per pipeline stage: pipeline outermost
         replica = world.rank % stride  # which of those this rank is
-        self.stages = [PipelineStage(part, i, n_stages, world.device, group=pp_group)
+        from torch.distributed import pipelining
+
+        self.stages = [pipelining.PipelineStage(part, i, n_stages, world.device, group=pp_group)
                        for part, i in zip(parts, stage_ids)]
         for stage in self.stages:
             self._time_compute(stage)
         if schedule in SINGLE:
-            self.schedule = SINGLE[schedule](self.stages[0], microbatches, loss_fn=loss_fn,
-                                             scale_grads=False)
+            self.schedule = getattr(pipelining, SINGLE[schedule])(
+                self.stages[0], microbatches, loss_fn=loss_fn, scale_grads=False)
         else:
-            self.schedule = MULTI[schedule](self.stages, microbatches, loss_fn=loss_fn,
-                                            scale_grads=False)
+            self.schedule = getattr(pipelining, MULTI[schedule])(
+                self.stages, microbatches, loss_fn=loss_fn, scale_grads=False)
         mine = nn.ModuleList(parts)
         self.params = list(mine.parameters())  # each shared parameter once
         self.shared = _shared_across_ranks(mine, world, replica)
