@@ -15,6 +15,8 @@ def _profiled_run(run_dir, data_dir, nproc: int, steps: int, profile: int) -> li
                    "--epochs", "1", "--steps-per-epoch", str(steps), "--profile", str(profile),
                    "--data-dir", str(data_dir), "--run-dir", str(run_dir))
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # on CPU kineto logged "gpuGetDeviceCount failed with code 35" and its trace markers
+    assert "gpuGetDeviceCount" not in proc.stderr and "USDT:" not in proc.stderr, proc.stderr
     return json.loads((run_dir / "results.json").read_text())["profile"]
 
 

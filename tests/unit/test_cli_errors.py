@@ -31,6 +31,21 @@ def test_data_dir_that_does_not_exist(tmp_path):
     assert_one_line_error(proc, "--data-dir", "nope", "does not exist", "ddl prepare")
 
 
+def test_data_dir_that_is_a_file(tmp_path):
+    (tmp_path / "data").write_text("not a directory")
+    proc = run_ddl("train", "--data-dir", str(tmp_path / "data"), cwd=tmp_path)
+    assert_one_line_error(proc, "--data-dir", "is not a directory", "ddl prepare")
+    assert (tmp_path / "data").read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("value", ["-5", "nan"])
+def test_ddp_bucket_size_must_be_a_positive_number(tmp_path, value):
+    proc = run_ddl("train", "--strategy", "ddp", "--strategy-option", f"bucket_cap_mb={value}",
+                   "--nproc", "2", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert_one_line_error(proc, f"bucket_cap_mb='{value}'", "allowed: a number above 0")
+    assert not (tmp_path / "run").exists()
+
+
 def test_data_dir_without_mnist(tmp_path):
     proc = run_ddl("train", "--data-dir", str(tmp_path), cwd=tmp_path)
     assert_one_line_error(proc, "no MNIST data", "ddl prepare --plugin mnist")

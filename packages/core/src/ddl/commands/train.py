@@ -105,6 +105,9 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
         if container:  # it may exist on the host, not bound in: say so, not only "prepare"
             raise UsageError(container_inside.missing_dir(data_dir, "--data-dir", container,
                                                           prepare))
+        if data_dir.exists():
+            raise UsageError(f"--data-dir: {data_dir} is not a directory; give the directory "
+                             f"that holds the data, or {prepare}")
         raise UsageError(f"--data-dir: {data_dir} does not exist; give an existing "
                          f"directory or {prepare}")
     try:

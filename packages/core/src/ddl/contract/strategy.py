@@ -75,16 +75,24 @@ class Strategy(ABC):
             raise UsageError(f"--strategy-option: {self.name} has no option {unknown[0]!r}; "
                              f"allowed: {allowed}")
 
-    def option_number(self, name: str, default: float) -> float:
+    def option_number(self, name: str, default: float, *, above: float | None = None) -> float:
+        """The option as a finite number (``default`` when unset), greater than ``above``
+        if given; else UsageError."""
+        import math
+
         from ddl.contract.errors import UsageError
 
         value = self.options.get(name)
         if value is None:
             return default
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             raise UsageError(f"--strategy-option: {name}={value!r} is not a number") from None
+        if not math.isfinite(number) or (above is not None and number <= above):
+            raise UsageError(f"--strategy-option: {name}={value!r}; allowed: a number "
+                             + (f"above {above:g}" if above is not None else "(finite)"))
+        return number
 
     def option_flag(self, name: str, default: bool) -> bool:
         from ddl.contract.errors import UsageError

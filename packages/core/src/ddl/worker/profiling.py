@@ -46,8 +46,14 @@ class StepProfiler:
     def start(self) -> None:
         if not self.steps:
             return
+        import os
+
         import torch.profiler as tp
 
+        if self.device_type != "cuda":
+            # kineto looks for GPUs anyway and logs "gpuGetDeviceCount failed with code 35"
+            # plus trace markers to stderr on CPU-only nodes; it reads this at its first use
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         activities = [tp.ProfilerActivity.CPU]
         if self.device_type == "cuda":
             activities.append(tp.ProfilerActivity.CUDA)

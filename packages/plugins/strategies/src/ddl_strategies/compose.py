@@ -56,6 +56,7 @@ class MeshStrategy(Strategy):
     # --- what the layout asks of the workload ------------------------------------------
     def check(self, run: StrategyContext) -> None:
         super().check(run)
+        self.option_number("bucket_cap_mb", 25.0, above=0)  # DDP's buckets (before workers)
         p, workload = run.layout, run.workload
         if p.pp > 1:  # first: no model needed to tell
             pipeline.check_precision(run.precision, run.world)
@@ -107,7 +108,8 @@ class MeshStrategy(Strategy):
         if world.size == 1:  # nothing to split: the model as a single process trains it
             return model.to(world.device)
         if self._replicate_only(run):
-            return ddp.replicate(model, world, self.option_number("bucket_cap_mb", 25.0))
+            bucket_mb = self.option_number("bucket_cap_mb", 25.0, above=0)
+            return ddp.replicate(model, world, bucket_mb)
         mesh = p.device_mesh(world.device.type)
         units = workload.fsdp_units(model)  # of the whole model, before any cut
         plan = workload.tp_plan(model) if p.tp > 1 else {}
