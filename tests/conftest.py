@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -15,50 +14,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DDL = str(Path(sys.executable).with_name("ddl"))  # the console script of this venv
-# Seconds per test module, measured (scripts/test_durations.py writes it)
-DURATIONS = Path(__file__).with_name("durations.json")
-
-
-# Tests that share a costly module fixture, by node-id prefix: `--dist loadgroup` keeps each
-# group on one xdist worker (pytest-xdist's own xdist_group marks do not group under
-# pytest 9, docs/testing.md). tests/system/conftest.py has its own groups for its run.
-SHARED_FIXTURE_GROUPS = {"tests/distributed/test_layout_3d.py::test_3d_": "layout_3d"}
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` (./run-tests): one test at a time to whichever worker is free, in
-    collection order (with --no-loadscope-reorder), SHARED_FIXTURE_GROUPS as units."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SharedFixtureScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return next((group for prefix, group in SHARED_FIXTURE_GROUPS.items()
-                         if nodeid.startswith(prefix)), nodeid)
-
-    return SharedFixtureScheduling(config, log)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with the longest tests first (longest-first scheduling): pytest-xdist deals
-    the first quarter of the tests out round-robin and the rest on demand, so a long test
-    must be near the front to start early, or the others idle while it ends the run
-    (measured: the 130 s tutorial test started last when sorted by module totals). A
-    module's tests stay together and in order; modules not measured keep their place after
-    them."""
-    try:
-        measured = json.loads(DURATIONS.read_text())
-    except (OSError, ValueError):
-        return
-    position = {id(item): i for i, item in enumerate(items)}
-
-    def key(item: pytest.Item) -> tuple[float, float, int]:
-        row = measured.get(item.nodeid.split("::")[0], {})
-        return -row.get("longest", 0), -row.get("total", 0), position[id(item)]
-
-    items.sort(key=key)
 
 
 def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,

@@ -49,8 +49,6 @@ def three_d(tmp_path_factory, synthetic_xsum):
             torch.load(run_dir / "model.pt", weights_only=True))
 
 
-# The tests named test_3d_* share the 8-rank run (~100 s): tests/conftest.py keeps them on
-# one xdist worker (SHARED_FIXTURE_GROUPS); spread over three, each would run it again.
 def test_3d_from_mesh_alone_matches_one_process(three_d, single):
     _, results, weights = three_d
     ref_results, ref = single
