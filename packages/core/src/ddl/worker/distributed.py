@@ -100,14 +100,7 @@ def join_store(rank: int, size: int, timeout_s: float):
                        f"and do all ranks get the same MASTER_ADDR/MASTER_PORT?")
     try:
         store = _open_store(host, int(port), size, hosts, max(deadline - time.monotonic(), 1))
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        if attempt is not None:
-            # The agent's store outlives restarted workers: like torch's env:// rendezvous,
-            # give each attempt its own key space, or a restarted rank would read the dead
-            # workers' addresses (seen: "Gloo connectFullMesh failed ... Connection refused").
-            import torch.distributed as dist
-
-            store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
+        store = this_attempts_keys(store)
         arrived, verdict = _count_in(store, size, deadline)
         if arrived < size and hosts:
             _give_up(store, arrived)
@@ -119,6 +112,19 @@ def join_store(rank: int, size: int, timeout_s: float):
         raise DdlError(f"rendezvous at {where} timed out after {limit}: {joined} of {size} "
                        "ranks joined; start the missing ranks or allow more time")
     return store
+
+
+def this_attempts_keys(store):
+    """The store as this elastic attempt's workers share it. The agent's store outlives
+    restarted workers: like torch's env:// rendezvous, each attempt gets its own key space,
+    or a restarted rank would read the dead workers' addresses (seen: "Gloo connectFullMesh
+    failed ... Connection refused")."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return store
+    import torch.distributed as dist
+
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", store)
 
 
 def _open_store(host: str, port: int, size: int, hosts: bool, timeout_s: float):

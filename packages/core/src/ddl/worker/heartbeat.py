@@ -136,7 +136,7 @@ def _watched_by(rank: int, size: int) -> list[int]:
     """Rank 0 watches everyone else; rank 1 watches rank 0."""
     if size < 2:
         return []
-    return [r for r in range(1, size)] if rank == 0 else [0] if rank == 1 else []
+    return list(range(1, size)) if rank == 0 else [0] if rank == 1 else []
 
 
 def start(world: World, timeout_s: float, run_dir) -> Heartbeat | None:
@@ -151,9 +151,8 @@ def _own_connection(timeout_s: float):
     same key space as this attempt's workers."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timedelta(seconds=timeout_s))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is not None:
-        store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
-    return store
+    from ddl.worker.distributed import this_attempts_keys
+
+    return this_attempts_keys(dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=timedelta(seconds=timeout_s)))
