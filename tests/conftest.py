@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Opt-in CPU accounting per test (DDL_TEST_CPU_REPORT=FILE), see tests/cpu_report.py.
+pytest_plugins = ["cpu_report"]
+
 REPO = Path(__file__).resolve().parents[1]
 DDL = str(Path(sys.executable).with_name("ddl"))  # the console script of this venv
 

@@ -2,7 +2,7 @@
 
 A page marks a fenced shell block with the comment `<!-- runnable-on-cpu -->` on the line
 before it (Markdown keeps the comment; the rendered page hides it). Blocks run in page
-order, each line as one `bash -e` script, in a fresh directory where `./ddl` is this venv's
+order, each block as one `bash -e` script, in a fresh directory where `./ddl` is this venv's
 ddl (the repository's `./ddl` wrapper would create or check .venv first; the tests already
 run inside it). Several ranks train over gloo, hence the distributed marker.
 """
@@ -20,7 +20,10 @@ from conftest import REPO
 
 pytestmark = pytest.mark.distributed
 
-PAGES = ["docs/getting-started.md", "docs/tutorial.md"]  # pages whose marked blocks run here
+# Pages whose marked blocks run here. A sequential page's blocks build on each other and run
+# in one test; a step page's blocks need only its first (the data) and each is a test.
+SEQUENTIAL_PAGES = ["docs/getting-started.md"]
+STEP_PAGES = ["docs/tutorial.md"]
 MARKER = "<!-- runnable-on-cpu -->"
 BLOCK = re.compile(re.escape(MARKER) + r"\n```(?:sh|bash|console)\n(.*?)\n```", re.S)
 
@@ -39,14 +42,51 @@ def test_marker_extraction():
         runnable_blocks(f"{MARKER}\n\n```sh\nx\n```\n")
 
 
-@pytest.mark.parametrize("page", PAGES)
+def _ddl_wrapper(directory: Path) -> None:
+    ddl = directory / "ddl"
+    ddl.write_text(f'#!/bin/sh\nexec "{Path(sys.executable).with_name("ddl")}" "$@"\n')
+    ddl.chmod(0o755)
+
+
+def _run_block(page: str, block: str, cwd: Path) -> None:
+    proc = subprocess.run(["bash", "-e", "-c", block], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, f"{page}:\n{block}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("page", SEQUENTIAL_PAGES)
 def test_marked_commands_run(page, tmp_path):
     blocks = runnable_blocks((REPO / page).read_text())
     assert blocks, f"{page} marks no runnable block"
-    ddl = tmp_path / "ddl"
-    ddl.write_text(f'#!/bin/sh\nexec "{Path(sys.executable).with_name("ddl")}" "$@"\n')
-    ddl.chmod(0o755)
+    _ddl_wrapper(tmp_path)
     for block in blocks:
-        proc = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, f"{page}:\n{block}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        _run_block(page, block, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Per page of STEP_PAGES, a directory where its first block (the data) has run."""
+    made: dict[str, Path] = {}
+
+    def directory(page: str) -> Path:
+        if page not in made:
+            made[page] = tmp_path_factory.mktemp("page")
+            _ddl_wrapper(made[page])
+            _run_block(page, runnable_blocks((REPO / page).read_text())[0], made[page])
+        return made[page]
+
+    return directory
+
+
+def _steps() -> list:
+    return [pytest.param(page, index, id=f"{page}:{index}")
+            for page in STEP_PAGES
+            for index in range(1, len(runnable_blocks((REPO / page).read_text())))]
+
+
+@pytest.mark.parametrize(("page", "index"), _steps())
+def test_marked_step_runs(page, index, prepared):
+    """One step of a page whose steps need only its first block: separate tests, so the
+    tutorial's ten runs spread over the test workers instead of one 2-minute test."""
+    directory = prepared(page)
+    _run_block(page, runnable_blocks((REPO / page).read_text())[index], directory)

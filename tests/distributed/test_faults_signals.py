@@ -7,6 +7,7 @@ once the first checkpoint is on disk (the workers are training by then). Workers
 through /proc and their end is polled with a bounded wait.
 """
 
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DDL
+from conftest import DDL, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -110,6 +111,11 @@ def test_sigterm_and_sigusr1_stop_cleanly_with_a_checkpoint(tmp_path, synthetic_
     assert latest in stopped[0]  # the checkpoint written on the way out
     assert f"ddl: {sig.name}:" in err and len(err.strip().splitlines()) == 1, err
     _none_outlive(workers)
+    for rank in (0, 1):  # the live state says so too, and `ddl watch` ends with stop's 3
+        assert json.loads((run_dir / "live" / f"rank-{rank}.json").read_text())["state"] \
+            == "stopped"
+    watched = run_ddl("watch", str(run_dir), timeout=60)
+    assert watched.returncode == 3 and "--resume auto" in watched.stdout, watched.stdout
 
 
 def test_sigint_ends_the_run_at_once_with_exit_130(tmp_path, synthetic_mnist, cleanup):

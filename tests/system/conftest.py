@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,8 @@ COLD_CACHE_LIMIT_S = 2400
 WORKER_GROUPS = {"test_slurm.py": "slurm", "test_container.py": "container",
                  "test_container_builds.py": "container",
                  "test_container_runtime.py": "container",
-                 "test_container_submit.py": "container"}
+                 "test_container_submit.py": "container",
+                 "test_browser.py": "browser"}  # one Chromium install (the `chromium` fixture)
 
 
 def worker_group(nodeid: str) -> str | None:
@@ -147,6 +149,43 @@ def image(runtime_env, cpu_wheelhouse, tmp_path_factory) -> Path:
     assert f"ddl: built {sif}" in build.stdout
     yield sif
     sif.unlink(missing_ok=True)  # gigabytes
+
+
+CHROMIUM_PACKAGES = ("chromium", "chromium-driver")  # Debian's; chromedriver is the driver's
+
+
+@pytest.fixture(scope="session")
+def chromium() -> dict[str, str]:
+    """Paths of a headless-capable Chromium and its chromedriver (tests/system/webdriver.py).
+    Installed once per session with apt-get when not on PATH (CI runs as root on a fresh
+    machine; 26 packages, 121 MB, 43 s here on 2026-11-26); a failed install fails the
+    test, naming the command and apt-get's error."""
+    found = {name: shutil.which(name) for name in ("chromium", "chromedriver")}
+    if all(found.values()):
+        return found
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y",
+           "--no-install-recommends", *CHROMIUM_PACKAGES]
+    started = time.monotonic()
+    proc = _apt_get(apt)
+    if proc.returncode != 0:  # no or stale package lists (a fresh container): update, retry
+        update = _apt_get(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"])
+        proc = update if update.returncode else _apt_get(apt)
+    found = {name: shutil.which(name) for name in ("chromium", "chromedriver")}
+    if proc.returncode != 0 or not all(found.values()):
+        lines = proc.stderr.strip().splitlines() or ["(no output)"]
+        last = [line for line in lines if line.startswith("E:")][-1:] or lines[-1:]
+        pytest.fail(f"could not install {' '.join(CHROMIUM_PACKAGES)} for the browser tests "
+                    f"(`{' '.join(apt)}` as uid {os.getuid()}: {last[0]})", pytrace=False)
+    print(f"installed {' '.join(CHROMIUM_PACKAGES)} in {time.monotonic() - started:.0f} s")
+    return found
+
+
+def _apt_get(cmd: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return run_bounded(cmd, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+                           timeout=900)
+    except OSError as exc:  # no apt-get: not Debian
+        return subprocess.CompletedProcess(cmd, 127, "", str(exc))
 
 
 def apptainer(env: dict[str, str], *args: str, cwd: Path | None = None,

@@ -17,7 +17,8 @@ COMMANDS = {"train": "train:cmd_train", "prepare": "train:cmd_prepare",
             "submit": "submit:cmd_submit", "container": "container:cmd_container",
             "scale": "scaling:cmd_scale", "report": "report:cmd_report",
             "plugins": "listings:cmd_plugins", "sites": "listings:cmd_sites",
-            "doctor": "doctor:cmd_doctor", "layout": "layout:cmd_layout"}
+            "doctor": "doctor:cmd_doctor", "layout": "layout:cmd_layout",
+            "watch": "watch:cmd_watch"}
 
 
 def _command(name: str):

@@ -207,13 +207,24 @@ def _measure_parsers(sub) -> None:
         scale.add_argument(flag, help=f"Slurm points: as `ddl submit {flag}`")
     scale.add_argument("--dry-run", action="store_true", help="Slurm points: print the "
                                                                "scripts, submit nothing")
-    report = sub.add_parser("report", help="scaling table, JSON, CSV and plots from "
-                                           "finished runs")
+    report = sub.add_parser("report", help="scaling table, JSON, CSV, plots and a "
+                                           "self-contained report.html from finished runs")
     report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                         help="finished runs, or a directory of them (a `ddl scale` output)")
-    report.add_argument("--output", type=Path, help="default: the runs' common parent")
+    report.add_argument("--output", type=Path, help="where the files go (default: the "
+                                                     "runs' common parent)")
     report.add_argument("--peak-flops", metavar="FLOPS|measure",
                         help="device peak for MFU instead of the one in results.json")
+    watch = sub.add_parser("watch", help="a live view of a running job from its run "
+                                         "directory: progress, throughput, ETA, per-rank "
+                                         "utilisation and memory")
+    watch.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the run's directory "
+                       "(`ddl train --run-dir`, or the one its first line names)")
+    watch.add_argument("--once", action="store_true",
+                       help="print the view once and exit 0 (scripts)")
+    watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                       help="seconds between refreshes (default: 1); ends by itself when "
+                            "the run does: 0 finished, 3 stopped, 1 failed")
 
 
 def _layout_parser(sub) -> None:

@@ -2,8 +2,9 @@
 
 One point per run: epoch time (first epoch excluded, the trainer's summary), samples/s,
 speedup and parallel efficiency against the smallest run, MFU, per-rank memory and time
-spent waiting for data. Written as ``scale.json``, ``scale.csv`` and three PNGs (time,
-throughput, speedup; the last two with the ideal line). Used by ``ddl scale`` after its
+spent waiting for data. Written as ``scale.json``, ``scale.csv``, three PNGs (time,
+throughput, speedup; the last two with the ideal line) and ``report.html``
+(ddl.commands.report_html: one run's page, or the study's). Used by ``ddl scale`` after its
 runs and by ``ddl report`` on any finished runs (e.g. after Slurm jobs ended).
 
 Speedup is the ratio of throughputs, not of epoch times: under weak scaling (per-replica
@@ -20,7 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ddl.contract.errors import DdlError, UsageError
+from ddl.commands import report_charts, report_html
+from ddl.contract.errors import UsageError
 from ddl.worker import mfu
 
 CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "speedup", "efficiency",
@@ -125,6 +127,10 @@ def scaling_kind(points: list[dict[str, Any]]) -> str:
     return "mixed"
 
 
+SCALING_WORDS = {"strong": "strong scaling (global batch kept)",
+                 "weak": "weak scaling (per-replica batch kept)",
+                 "mixed": "batch sizes vary (neither weak nor strong scaling)",
+                 "single point": "a single run"}
 ABOVE_IDEAL = 1.10  # a speedup more than 10 % above ideal is flagged, not believed
 
 
@@ -181,17 +187,12 @@ def write(report: dict[str, Any], out: Path) -> list[Path]:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(report["points"])
-    return [out / "scale.json", out / "scale.csv", *plots(report, out)]
+    pngs = plots(report, out)
+    return [out / "scale.json", out / "scale.csv", *pngs, report_html.write(report, out, pngs)]
 
 
 def plots(report: dict[str, Any], out: Path) -> list[Path]:
-    try:
-        import matplotlib
-    except ImportError:
-        raise DdlError("the plots need matplotlib, which is not installed: "
-                       "pip install 'ddl[plots]' (or matplotlib)") from None
-    matplotlib.use("Agg")  # files only; no display on compute nodes
-    import matplotlib.pyplot as plt
+    plt = report_charts.pyplot()  # files only (Agg); no display on compute nodes
 
     points = report["points"]
     n = [p["devices"] for p in points]
@@ -231,13 +232,10 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    how = {"strong": "strong scaling (global batch kept)",
-           "weak": "weak scaling (per-replica batch kept)",
-           "mixed": "batch sizes vary (neither weak nor strong scaling)",
-           "single point": "a single run"}[report["scaling"]]
+    how = SCALING_WORDS[report["scaling"]]
     lines = [f"{report['plugin']} ({report['preset']}) with {report['strategy']}: {how}",
-             f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'speedup':>8} {'effic.':>7} "
-             f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} {'GPU %':>6}"]
+             (f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'speedup':>8} {'effic.':>7} "
+             f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} {'GPU %':>6}")]
     for p in report["points"]:
         mfu_text = f"{p['mfu']:.2%}" if p["mfu"] is not None else "-"
         rss = f"{p['max_peak_rss_bytes'] / 2**20:.0f}" if p["max_peak_rss_bytes"] else "-"

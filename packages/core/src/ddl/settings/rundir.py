@@ -5,6 +5,13 @@
     <run_dir>/results.json   the summary: resolved layout, per-epoch times, final metrics
     <run_dir>/model.pt       the trained weights (a plain state_dict; torch.load(weights_only=True))
     <run_dir>/checkpoints/   resumable training state (see ddl.worker.checkpoint)
+    <run_dir>/live/rank-<r>.json  each rank's live state for ``ddl watch``, replaced at most
+                             every 2 s while it trains (ddl.worker.live: epoch, step, recent
+                             samples/s, loss, CPU/GPU use, memory, time), and once more at
+                             the end with ``state`` finished, stopped or failed
+    <run_dir>/tensorboard/   TensorBoard event files of rank 0 (per logged step the loss; per
+                             epoch the metrics, samples/s, data-wait share, lr), when the
+                             ``tensorboard`` package is installed (ddl.worker.tensorboard_events)
 
 Files are written to a temporary name and renamed, so a crash never leaves half a file (also
 the appends to metrics.jsonl); they get the usual permissions (0666 less the umask). A
@@ -32,6 +39,8 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 MODEL = "model.pt"
+LIVE = "live"  # live/rank-<r>.json: ddl.worker.live writes, ddl watch reads
+TENSORBOARD = "tensorboard"
 #: Errors of a write the file system refused: full, over quota, read-only, not permitted.
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 LOCK = ".lock"  # held (flock) by the process that runs in the directory
@@ -41,6 +50,11 @@ def name(plugin: str, strategy: str, tag: str) -> str:
     """A run directory's name: ``<plugin>-<strategy>-<tag>``, the tag a time stamp or a job id
     (the only place the pattern is written; ``ddl submit`` puts it in its scripts too)."""
     return f"{plugin}-{strategy}-{tag}"
+
+
+def live_file(run_dir: Path, rank: int) -> Path:
+    """Where rank ``rank`` keeps its live state (``ddl watch``)."""
+    return run_dir / LIVE / f"rank-{rank}.json"
 
 
 def timestamped(root: Path, plugin: str, strategy: str) -> Path:

@@ -2,10 +2,11 @@
 
 ``train_epoch`` runs the steps from batch ``position`` (non-zero when resuming inside an
 epoch): each step goes through the strategy, which knows how its parallelism runs forward,
-backward and the optimizer. Between steps it logs, writes the ``--checkpoint-every``
-checkpoints and asks the step guard whether to stop (a signal, a stop file, a non-finite
-loss); a stop leaves a checkpoint to resume from. ``validate`` evaluates the epoch's model
-and writes its record to ``metrics.jsonl``.
+backward and the optimizer. Between steps it reports progress (ddl.worker.observers: the
+progress bar or line, the live state ``ddl watch`` reads, TensorBoard), writes the
+``--checkpoint-every`` checkpoints and asks the step guard whether to stop (a signal, a stop
+file, a non-finite loss); a stop leaves a checkpoint to resume from. ``validate`` evaluates
+the epoch's model and writes its record to ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ddl.worker import checkpoint
 from ddl.worker.control import StepGuard
 from ddl.worker.evaluation import evaluate, fmt, with_derived
 from ddl.worker.metrics import MetricSums
+from ddl.worker.observers import Observers
 from ddl.worker.profiling import StepProfiler
 from ddl.worker.setup import Run
 
@@ -39,7 +41,7 @@ class Trained:
 
 
 def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
-                profiler: StepProfiler) -> Trained:
+                profiler: StepProfiler, observers: Observers) -> Trained:
     layout, world, workload, model = run.layout, run.world, run.workload, run.model
     loader = run.train_loader
     loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -48,6 +50,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     sums = MetricSums(world.device)
     data_wait = 0.0
     norms: list[float] = []
+    observers.begin_epoch(epoch, position, run.step)
     _sync(world.device)
     t0 = time.perf_counter()
     batches = iter(loader)
@@ -72,9 +75,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
             if out is not None:  # a pipeline rank without the last stage has none
                 with torch.no_grad():
                     sums.add(workload.sample_metrics(out, batch[1]))
-        if world.is_main and (i + 1) % run.config.log_every == 0:
-            print(f"  epoch {epoch} step {i + 1}/{layout.steps_per_epoch} "
-                  f"loss {loss.item():.4f} (rank 0)", flush=True)
+        observers.step(epoch, i + 1, run.step, loss)  # fetches the loss every --log-every
         done = i + 1  # batches of this epoch behind us
         checkpoint_due = bool(run.config.checkpoint_every and done < layout.steps_per_epoch
                               and run.step % run.config.checkpoint_every == 0)
@@ -83,8 +84,10 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
                                 lambda: checkpoint.latest(run.run_dir),
                                 force=checkpoint_due or done == layout.steps_per_epoch)
         if checkpoint_due or stop:  # a stop resumes here (the next epoch if this one is done)
+            observers.phase("checkpointing")
             run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
                                   else (epoch + 1, 0)))
+            observers.phase("training")
         if stop:
             return Trained(stop=stop)
     _sync(world.device)
@@ -106,12 +109,13 @@ def _step(run: Run, micro: list) -> tuple[torch.Tensor, list, Any]:
     return loss, [outputs], clipped[0] if clipped else None
 
 
-def validate(run: Run, epoch: int, position: int, trained: Trained,
-             warmup: bool) -> dict[str, Any]:
+def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool,
+             observers: Observers) -> dict[str, Any]:
     """Evaluate on the validation split; log, record (metrics.jsonl) and return the epoch.
     ``warmup`` marks the first epoch of this run: its one-off costs keep it out of the
     summary."""
     layout, world = run.layout, run.world
+    observers.phase("validating")
     t_eval = time.perf_counter()
     run.model.eval()
     val = evaluate(run.eval_step, run.val_loader, run.workload, world)
@@ -133,6 +137,7 @@ def validate(run: Run, epoch: int, position: int, trained: Trained,
             + (" (warm-up, excluded from the summary)" if warmup else ""))
     if world.is_main:
         rundir.append_jsonl(run.run_dir / rundir.METRICS, record)
+    observers.end_epoch(record, run.step)
     return record
 
 

@@ -26,11 +26,31 @@ def rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     grads = sum(_local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
     state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     report = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": state,
-              "model_state_bytes": params + grads + state,
-              "peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
+              "model_state_bytes": params + grads + state, "peak_rss_bytes": _peak_rss()}
     if device.type == "cuda":
+        report["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    return report
+
+
+def _peak_rss() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def current(device: torch.device) -> dict[str, int]:
+    """This process's memory now, cheap enough for the live state (``ddl.worker.live``): the
+    resident set (Linux /proc; else the peak), its peak, and on a GPU torch's allocation
+    counters (host-side numbers: no device synchronisation)."""
+    peak = now = _peak_rss()
+    try:
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        pass
+    report = {"rss_bytes": now, "peak_rss_bytes": max(peak, now)}  # the peak lags a little
+    if device.type == "cuda":
+        report["device_allocated_bytes"] = torch.cuda.memory_allocated(device)
         report["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
     return report
 

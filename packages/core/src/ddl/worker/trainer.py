@@ -6,7 +6,9 @@ the checkpoint ``--resume`` names. Per epoch (``ddl.worker.epoch``): reshuffle, 
 on the validation split, average the metrics over all ranks, print one line on rank 0 and
 append it to ``metrics.jsonl``; a checkpoint (``ddl.worker.checkpoint``) at every epoch's end
 and, with ``--checkpoint-every``, between. After the last epoch: evaluate on the test split,
-export the weights and write ``results.json`` (``ddl.worker.results``).
+export the weights and write ``results.json`` (``ddl.worker.results``). Throughout, the
+observers (``ddl.worker.observers``) show progress on rank 0, keep each rank's live state for
+``ddl watch`` (finished, stopped or failed at the end) and write TensorBoard events.
 
 Timing follows the courses: the first epoch includes one-off costs (allocator warm-up, lazy
 initialisation, data caching), so it is marked ``warmup`` and left out of the summary.
@@ -29,6 +31,7 @@ from ddl.worker.control import StepGuard
 from ddl.worker.epoch import train_epoch, validate
 from ddl.worker.evaluation import evaluate, fmt
 from ddl.worker.memory import gather, rank_memory
+from ddl.worker.observers import Observers
 from ddl.worker.setup import Layout, Run, build, set_up
 
 __all__ = ["Layout", "build", "evaluate", "train"]
@@ -51,21 +54,33 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
     usage.start()
 
     run.say(_banner(run))
-    epochs = begin.earlier_epochs
-    for epoch in range(begin.epoch, run.layout.epochs + 1):
-        position = begin.position if epoch == begin.epoch else 0  # > 0: resumed mid-epoch
-        trained = train_epoch(run, epoch, position, guard, profiler)
-        if trained.stop:
-            run.say(f"ddl: stopped after step {run.step} ({trained.stop}); checkpoint "
-                    f"{checkpoint.latest(run_dir)}; the same command with --resume auto "
-                    "continues")
-            return {}
-        epochs.append(validate(run, epoch, position, trained, warmup=epoch == begin.epoch))
-        run.save_checkpoint(epoch + 1, 0)  # epoch end: a resume starts the next epoch
+    observers = Observers(run, usage)  # progress, live state (ddl watch), TensorBoard
+    try:
+        epochs = begin.earlier_epochs
+        for epoch in range(begin.epoch, run.layout.epochs + 1):
+            position = begin.position if epoch == begin.epoch else 0  # > 0: resumed mid-epoch
+            trained = train_epoch(run, epoch, position, guard, profiler, observers)
+            if trained.stop:
+                run.say(f"ddl: stopped after step {run.step} ({trained.stop}); checkpoint "
+                        f"{checkpoint.latest(run_dir)}; the same command with --resume auto "
+                        "continues")
+                observers.close("stopped", trained.stop)
+                return {}
+            epochs.append(validate(run, epoch, position, trained,
+                                   warmup=epoch == begin.epoch, observers=observers))
+            observers.phase("checkpointing")
+            run.save_checkpoint(epoch + 1, 0)  # epoch end: a resume starts the next epoch
 
-    profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
-    return _finish(run, plugins, begin, epochs, started, profile, used,
-                   peak_flops=plan.site.device_peak_flops)
+        profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
+        observers.phase("testing")
+        document = _finish(run, plugins, begin, epochs, started, profile, used,
+                           peak_flops=plan.site.device_peak_flops)
+    except BaseException as exc:
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        observers.close("failed", why)
+        raise
+    observers.close("finished")
+    return document
 
 
 def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],

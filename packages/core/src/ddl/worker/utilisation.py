@@ -2,7 +2,7 @@
 ``interval`` seconds, the CPU use of this rank's process (psutil) and, on a GPU, the busy
 percentage of the rank's device (NVML on NVIDIA through ``pynvml``; AMD SMI on ROCm through
 ``amdsmi``). The means and maxima go into results.json (``utilisation[]``, one per rank) and
-into ``ddl report``.
+into ``ddl report``; the newest reading into the live state ``ddl watch`` shows.
 
 The GPU readers are written against the libraries' documented calls but have not run here
 (no GPU on the development machine); a reader that fails records why instead of a number.
@@ -82,6 +82,11 @@ class Sampler:
                 self.device.append(self._device())
             except Exception as exc:  # a reader that worked once and then failed
                 self._device, self.device_source = None, f"failed: {exc}"
+
+    def latest(self) -> dict[str, float | None]:
+        """The newest readings (the live state, ``ddl.worker.live``); None before the first."""
+        return {"cpu_percent": self.cpu[-1] if self.cpu else None,
+                "device_util_percent": self.device[-1] if self.device else None}
 
     def stop(self) -> dict[str, Any]:
         self._done.set()
