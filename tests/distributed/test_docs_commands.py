@@ -9,6 +9,8 @@ run inside it). Several ranks train over gloo, hence the distributed marker.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -87,6 +89,75 @@ def _steps() -> list:
 @pytest.mark.parametrize(("page", "index"), _steps())
 def test_marked_step_runs(page, index, prepared):
     """One step of a page whose steps need only its first block: separate tests, so the
-    tutorial's ten runs spread over the test workers instead of one 2-minute test."""
+    tutorial's runs spread over the test workers instead of one 2-minute test. Then the
+    step's "Measured here" claims hold for what the block just wrote (issue 24, item 5)."""
     directory = prepared(page)
-    _run_block(page, runnable_blocks((REPO / page).read_text())[index], directory)
+    text = (REPO / page).read_text()
+    _run_block(page, runnable_blocks(text)[index], directory)
+    for shown, holds in CLAIMS.get((page, index), []):
+        assert shown in " ".join(text.split()), f"{page} no longer says {shown!r}"
+        assert holds(directory / "runs"), f"{page} step {index}: {shown!r} does not hold"
+
+
+# --- what the tutorial's "Measured here" paragraphs claim, checked on the block's run -------
+# Each claim: the words the page shows (whitespace-normalised) and a check of the run
+# directories the block wrote. Sizes are deterministic; losses are printed to 3 decimals.
+
+def _results(runs: Path, name: str) -> dict:
+    return json.loads((runs / name / "results.json").read_text())
+
+
+def _state(runs: Path, name: str) -> list[int]:
+    return [m["model_state_bytes"] for m in _results(runs, name)["memory_per_rank"]]
+
+
+def _kb(runs: Path, name: str) -> list[int]:
+    return [round(b / 1000) for b in _state(runs, name)]
+
+
+def _mb(runs: Path, name: str) -> list[float]:
+    return [round(b / 1e6, 1) for b in _state(runs, name)]
+
+
+def _loss(runs: Path, name: str) -> float:
+    return round(_results(runs, name)["final"]["test"]["loss"], 3)
+
+
+def _bubble(runs: Path) -> bool:
+    report = _results(runs, "pp")["strategy_report"]
+    return (report["bubble_theory"] == pytest.approx(0.2)
+            and all(0 <= b < 1 for b in report["bubble_measured_per_rank"]))
+
+
+T = "docs/tutorial.md"
+CLAIMS = {
+    (T, 1): [("model state 96 kB", lambda r: _kb(r, "one") == [96]),
+             ("test loss 2.290 after 3 steps", lambda r: _loss(r, "one") == 2.290),
+             ("(`threads` in results.json: 2 here, on 2 cores;",
+              lambda r: _results(r, "one")["threads"]["per_rank"]
+              == len(os.sched_getaffinity(0)) or "OMP_NUM_THREADS" in os.environ)],
+    (T, 2): [("model state per rank 96 kB, as in one process",
+              lambda r: _kb(r, "ddp") == [96, 96]),
+             ("test loss 2.243, not one process's 2.290", lambda r: _loss(r, "ddp") == 2.243)],
+    (T, 4): [("model state per rank 48 kB, half of DDP's 96 kB",
+              lambda r: _kb(r, "fsdp") == [48, 48]),
+             ("Same test loss as DDP (2.243)", lambda r: _loss(r, "fsdp") == 2.243)],
+    (T, 5): [("model state per rank 2.2 MB against the 3.5 MB of the whole model",
+              lambda r: _mb(r, "tp") == [2.2, 2.2]
+              and round(_results(r, "tp")["parameters"] * 16 / 1e6, 1) == 3.5)],
+    (T, 6): [("model state per rank 55 kB and 41 kB", lambda r: _kb(r, "pp") == [55, 41]),
+             ("Test loss equal to one process's (2.290)", lambda r: _loss(r, "pp") == 2.290),
+             ("The bubble the block prints: the theory's 0.2", _bubble)],
+    (T, 7): [("model state per rank 1.1 MB, a third of the whole model's 3.5 MB and half of "
+              "TP's 2.2 MB", lambda r: _mb(r, "2d") == [1.1] * 4),
+             ("test loss 5.614 after 3 steps", lambda r: _loss(r, "2d") == 5.614)],
+}
+
+
+def test_every_measured_here_of_a_step_page_is_checked():
+    """A new "Measured here" paragraph needs its claims above (or it is not measured here)."""
+    for page in STEP_PAGES:
+        parts = (REPO / page).read_text().split("<!-- runnable-on-cpu -->")
+        for index, part in enumerate(parts[1:], start=0):
+            if "Measured here" in part:
+                assert CLAIMS.get((page, index)), f"{page}: block {index}'s claims unchecked"
