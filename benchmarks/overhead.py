@@ -7,10 +7,13 @@ number of processes (gloo, one thread each) and steps. Every run trains two epoc
 three loops run alternately, ``--rounds`` times, so a busy moment of the shared machine hits
 them alike; the ratios are of the medians of the per-step times:
 
-    ddl/plain       target <= 1.05 (the exit code says whether each workload met it)
+    ddl/plain       target <= 1.02 (issue 23; the exit code says whether each workload met it)
     ddl/accelerate  reported
+    data wait       ddl's share of its timed epoch spent waiting for the loader (results.json
+                    data_wait_s / time_s, median over the rounds): target < 5 % for the
+                    image workloads (mnist, cifar), reported for the others
 
-    .venv/bin/python benchmarks/overhead.py                      # mnist and xsum, tiny
+    .venv/bin/python benchmarks/overhead.py                      # mnist, cifar, xsum; tiny
     .venv/bin/python benchmarks/overhead.py --workloads mnist --rounds 3 --steps 20
 
 The reference loops are in benchmarks/reference/. ddl's timed epoch also computes the
@@ -34,7 +37,9 @@ sys.path.insert(0, str(HERE))
 from machine import describe  # noqa: E402
 
 RESULTS = HERE / "results" / "overhead.json"
-TARGET = 1.05
+TARGET = 1.02
+DATA_WAIT_TARGET = 0.05
+DATA_WAIT_HELD = ("mnist", "cifar")  # the data path issue 23 holds to it
 PY = sys.executable
 DDL = str(Path(PY).with_name("ddl"))
 
@@ -45,8 +50,9 @@ def _torchrun(script: str, nproc: int) -> list[str]:
 
 
 def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, nproc: int,
-             work: Path) -> float:
-    """One training of ``kind``: the time per step of its second (timed) epoch."""
+             work: Path) -> tuple[float, float | None]:
+    """One training of ``kind``: the time per step of its second (timed) epoch, and (ddl
+    only) the share of that epoch spent waiting for data."""
     out = work / f"{kind}-{plugin}-{len(list(work.iterdir()))}"
     common = ["--plugin", plugin, "--preset", preset, "--data-dir", str(data_dir)]
     if kind == "ddl":
@@ -63,12 +69,13 @@ def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, np
         raise SystemExit(f"{kind} ({plugin}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     if kind == "ddl":
         results = json.loads((out / "results.json").read_text())
-        return results["epochs"][1]["time_s"] / results["steps_per_epoch"]
+        timed = results["epochs"][1]
+        return timed["time_s"] / results["steps_per_epoch"], timed["data_wait_s"] / timed["time_s"]
     reported = json.loads(Path(f"{out}.json").read_text())
     if kind == "accelerate" and (reported["num_processes"] != nproc
                                  or reported["wrapper"] != "DistributedDataParallel"):
         raise SystemExit(f"the Accelerate loop did not run data-parallel: {reported}")
-    return reported["step_time_s"]
+    return reported["step_time_s"], None
 
 
 def prepare(plugin: str, data_root: Path) -> Path:
@@ -80,7 +87,8 @@ def prepare(plugin: str, data_root: Path) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="mnist,xsum", help="plugins, tiny preset each")
+    parser.add_argument("--workloads", default="mnist,cifar,xsum",
+                        help="plugins, tiny preset each")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
@@ -90,7 +98,8 @@ def main() -> int:
     kinds = ("ddl", "plain", "accelerate")
     report = {"benchmark": "overhead", "preset": args.preset, "rounds": args.rounds,
               "steps_per_epoch": args.steps, "nproc": args.nproc, "target_ddl_over_plain":
-              TARGET, "workloads": {}, "machine": describe()}
+              TARGET, "target_data_wait_share": DATA_WAIT_TARGET, "workloads": {},
+              "machine": describe()}
     met = True
     with tempfile.TemporaryDirectory(prefix="ddl-overhead-") as tmp:
         work = Path(tmp)
@@ -99,23 +108,32 @@ def main() -> int:
             runs = work / plugin
             runs.mkdir()
             times: dict[str, list[float]] = {k: [] for k in kinds}
+            waits: list[float] = []
             for r in range(args.rounds):
                 order = kinds[r % 3:] + kinds[:r % 3]  # rotate who goes first
                 for kind in order:
-                    times[kind].append(run_once(kind, plugin, args.preset, data_dir,
-                                                args.steps, args.nproc, runs))
+                    step, wait = run_once(kind, plugin, args.preset, data_dir, args.steps,
+                                          args.nproc, runs)
+                    times[kind].append(step)
+                    if wait is not None:
+                        waits.append(wait)
                 print(f"{plugin} round {r + 1}: " + ", ".join(
                     f"{k} {times[k][-1] * 1e3:.1f} ms/step" for k in kinds), flush=True)
             median = {k: statistics.median(v) for k, v in times.items()}
             row = {"step_time_s": times, "median_step_time_s": median,
                    "ddl_over_plain": median["ddl"] / median["plain"],
-                   "ddl_over_accelerate": median["ddl"] / median["accelerate"]}
-            row["met"] = row["ddl_over_plain"] <= TARGET
+                   "ddl_over_accelerate": median["ddl"] / median["accelerate"],
+                   "data_wait_share": waits, "median_data_wait_share": statistics.median(waits)}
+            row["met"] = row["ddl_over_plain"] <= TARGET and (
+                plugin not in DATA_WAIT_HELD or row["median_data_wait_share"] < DATA_WAIT_TARGET)
             met &= row["met"]
             report["workloads"][plugin] = row
             print(f"{plugin}: ddl/plain {row['ddl_over_plain']:.3f} (target <= {TARGET}: "
                   f"{'met' if row['met'] else 'MISSED'}), ddl/accelerate "
-                  f"{row['ddl_over_accelerate']:.3f}", flush=True)
+                  f"{row['ddl_over_accelerate']:.3f}, data wait "
+                  f"{row['median_data_wait_share']:.1%}"
+                  + (f" (target < {DATA_WAIT_TARGET:.0%})" if plugin in DATA_WAIT_HELD else ""),
+                  flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"results: {args.out}")

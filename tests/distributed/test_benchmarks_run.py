@@ -33,6 +33,7 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
     assert set(times) == {"ddl", "plain", "accelerate"} and min(times.values()) > 0
     assert row["ddl_over_plain"] == pytest.approx(times["ddl"] / times["plain"])
     assert row["ddl_over_accelerate"] == pytest.approx(times["ddl"] / times["accelerate"])
+    assert len(row["data_wait_share"]) == 1 and 0 <= row["median_data_wait_share"] < 1
     assert result["machine"]["cpus"] >= 1
 
 

@@ -132,13 +132,38 @@ def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool
         record["grad_norm"] = trained.grad_norm
     if position:
         record["resumed_at_step"] = position  # a partial epoch: times cover the rest
+    record["data_wait_share"] = trained.data_wait / seconds
     run.say(f"epoch {epoch}/{layout.epochs}  train {fmt(trained.metrics)} | val "
             f"{fmt(val)} | {seconds:.1f} s, {samples / seconds:.0f} samples/s"
             + (" (warm-up, excluded from the summary)" if warmup else ""))
+    note = None if warmup or run.run_dir in _LOADER_NOTED else loader_note(
+        epoch, layout.steps_per_epoch - position, seconds, trained.data_wait, run.workers)
+    if note:
+        _LOADER_NOTED.add(run.run_dir)
+        run.say(note)
     if world.is_main:
         rundir.append_jsonl(run.run_dir / rundir.METRICS, record)
     observers.end_epoch(record, run.step)
     return record
+
+
+LOADER_BOUND = 0.2  # a measured epoch waiting for data this share of its time says so
+_LOADER_NOTED: set = set()  # run directories already told (once per run)
+
+
+def loader_note(epoch: int, steps: int, seconds: float, data_wait: float,
+                workers: int) -> str | None:
+    """One line when the loader, not the model, sets the pace (rank 0's view): how fast it
+    delivers batches (decode, augmentation, reading) against how fast the model consumes
+    them, and what would help. ``None`` below ``LOADER_BOUND``."""
+    if seconds <= 0 or data_wait / seconds < LOADER_BOUND or steps <= 0:
+        return None
+    training = max(seconds - data_wait, 1e-9)
+    return (f"ddl: epoch {epoch} waited for data {data_wait / seconds:.0%} of its time: the "
+            f"loader delivers {steps / data_wait:.1f} batches/s, the model trains "
+            f"{steps / training:.1f} steps/s (rank 0, {workers} loader worker(s)); more "
+            "loader processes (--workers, on Slurm from --cpus-per-task) or data already "
+            "decoded would help")
 
 
 def _sync(device: torch.device) -> None:
