@@ -95,6 +95,9 @@ def test_docs_pages_clip_no_command(browser, tmp_path):
         browser.open((site / page).as_uri())
         found = browser.run(CLIPPED)
         assert found["pres"] + found["codes"] > 0, page  # the script found the column
+        shot = browser.screenshot()  # kept beside the test's files, for a person to look at
+        (tmp_path / (page.replace("/", "-") + ".png")).write_bytes(shot)
+        assert shot.startswith(b"\x89PNG\r\n\x1a\n") and len(shot) > 10_000, page
         if found["bad"]:
             clipped[page] = found["bad"]
     # the check can fail: a planted command that neither wraps nor fits

@@ -76,6 +76,12 @@ class Browser:
         return self._call("POST", f"/session/{self.session}/execute/sync",
                           {"script": script, "args": list(args)})
 
+    def screenshot(self) -> bytes:
+        """The visible page as PNG bytes (W3C Take Screenshot)."""
+        import base64
+
+        return base64.b64decode(self._call("GET", f"/session/{self.session}/screenshot"))
+
     def console(self) -> list[dict[str, Any]]:
         """The console entries since the last call: {"level", "message", ...}."""
         return self._call("POST", f"/session/{self.session}/se/log", {"type": "browser"})
