@@ -44,3 +44,20 @@ def test_a_stop_file_waits_for_the_check(tmp_path):
     assert guard.after_step(torch.tensor(1.0), 2, 1, 2, lambda: None) is None
     assert guard.after_step(torch.tensor(1.0), 3, 1, 3, lambda: None).endswith("STOP found")
     assert not (tmp_path / "STOP").exists()  # consumed
+
+
+@pytest.mark.parametrize("loss", [
+    torch.tensor([0.5, math.inf]),                        # a loss that is not a scalar
+    torch.tensor(math.nan, dtype=torch.bfloat16),         # bf16, as under autocast
+], ids=["vector", "bf16"])
+def test_any_shape_or_dtype_of_loss_is_checked(tmp_path, loss):
+    guard = _guard(tmp_path, every=3)
+    good = torch.ones_like(loss)
+    assert guard.after_step(good, 1, 1, 1, lambda: None) is None
+    assert guard.after_step(loss, 2, 1, 2, lambda: None) is None
+    with pytest.raises(TrainingDiverged, match="non-finite loss at step 2 "):
+        guard.after_step(good, 3, 1, 3, lambda: None)
+    # the window starts again after a check: good steps pass
+    guard = _guard(tmp_path, every=2)
+    for step in (1, 2, 3, 4):
+        assert guard.after_step(good, step, 1, step, lambda: None) is None
