@@ -1,7 +1,7 @@
 """`ddl watch` on hand-written run directories: what the view shows (progress, ETA, one row
 per rank, a stale rank marked), when it ends and with which exit code (finished 0, stopped
 3, failed 1), and bad input (one line, exit 2). The live run is
-tests/distributed/test_watch.py."""
+tests/distributed/test_watch_live_run.py."""
 
 import json
 import os
