@@ -58,6 +58,7 @@ class Kit:
         self.matmul_peak: float | None = None
         self.status: dict[str, str] = {}
         self.device: dict = {}
+        self.plan = plan_.plan(self.gpu)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if not self.gpu:
             self.env["OMP_NUM_THREADS"] = "1"  # as every rank of a local run (ddl.launch.local)
@@ -80,9 +81,21 @@ class Kit:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
+    def selected(self, check: plan_.Check) -> bool:
+        """Whether ``--only`` selects ``check``. The environment probe (it names the device
+        in the file names and the summary), the matmul peak (MFU) and the data of a
+        selected workload (reused when already there) always come along."""
+        def named(name: str) -> bool:
+            return any(fnmatch.fnmatch(name, pattern) for pattern in self.args.only)
+        if named(check.name) or check.name in ("environment", "matmul-peak"):
+            return True
+        return check.kind == "prepare" and any(
+            named(other.name) for other in self.plan
+            if other.workload == check.workload and other.kind != "prepare")
+
     def why_not(self, check: plan_.Check) -> str | None:
         """Why ``check`` is skipped, or None to run it."""
-        if self.args.only and not any(fnmatch.fnmatch(check.name, p) for p in self.args.only):
+        if self.args.only and not self.selected(check):
             return "not selected by --only"
         if not self.gpu and check.cpu_skip:
             return check.cpu_skip

@@ -150,3 +150,18 @@ def _gpu_verdicts_from_a_gpu_shaped_results_file(runs):
     }
     for needle, change in wrong.items():
         assert any(needle in p for p in verdict(change)[1]), needle
+
+
+def test_only_brings_the_environment_peak_and_the_workloads_data_along(tmp_path):
+    """A second call with `--only course-xsum-bf16` once wrote its files as device `gpu`
+    with no torch version (the environment probe was not selected) and had to name
+    prepare-xsum by hand."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import argparse
+
+    import gpu_check
+
+    args = argparse.Namespace(cpu=False, work=tmp_path, budget=10.0, only=["course-xsum-*"])
+    kit = gpu_check.Kit(args)
+    chosen = {c.name for c in kit.plan if kit.selected(c)}
+    assert chosen == {"environment", "matmul-peak", "prepare-xsum", "course-xsum-bf16"}
