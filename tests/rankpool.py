@@ -120,7 +120,7 @@ class RankPool:
         # port 0: the kernel picks a free port, and this store holds it from now on
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=60))
-        context = multiprocessing.get_context("spawn")  # no fork of a torch-laden parent
+        context = _context()
         for rank in range(self.size):
             ours, theirs = context.Pipe()
             proc = context.Process(target=_serve, name=f"rankpool-{self.size}-rank{rank}",
@@ -156,6 +156,23 @@ class RankPool:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns, self._store, self._busy = [], [], None, False
+
+
+# What every rank imports anyway (several seconds each: torch, and through torchvision and
+# transformers torch._dynamo). A fork server imports them once per pytest process and forks
+# each rank from itself, so a pool of N pays the imports once, not N times, and a restarted
+# pool not at all. Not a fork of this process: it holds threads and an OpenMP pool, which a
+# fork would copy half-alive; the fork server is a fresh interpreter that has run nothing.
+PRELOAD = ["torch", "torch.distributed", "torchvision", "transformers", "ddl.worker.trainer",
+           "rankpool", "pool_train"]
+
+
+def _context():
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # a module that fails to import is skipped
+    return context
 
 
 class RankPools(dict):
