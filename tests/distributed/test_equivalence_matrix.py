@@ -365,6 +365,9 @@ def test_cli_run_equals_pool_run(tmp_path, data_dirs, rank_pools):
     assert cli_model.keys() == pool_model.keys()
     assert all(torch.equal(cli_model[k], pool_model[k]) for k in cli_model)
     assert cli["final"] == pool["final"] and cli["world"] == pool["world"]
+    # the user's command line, not the worker's `.../ddl/worker/__main__.py RUN_DIR`
+    assert cli["command"][1] == "train", cli["command"]
+    assert cli["command"][-4:] == ["--nproc", "2", "--run-dir", str(tmp_path / "cli")]
     # peak RSS differs: a pool rank's is its peak over every cell it has run so far
     assert ([m["model_state_bytes"] for m in cli["memory_per_rank"]]
             == [m["model_state_bytes"] for m in pool["memory_per_rank"]])

@@ -59,8 +59,10 @@ def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, im
     proc = _apptainer(runtime_env, "run", str(image), "train", "--site", "local", "--plugin",
                       "mnist", "--preset", "tiny", "--nproc", "2", cwd=tmp_path)
     results = _results_on_the_host(proc, tmp_path)
-    # the image's ddl ran (installed from its wheel), not the checkout's
-    assert results["command"][0].startswith("/usr/local/lib/python3"), results["command"]
+    # the image's ddl ran (its console script, installed from its wheel), and results.json
+    # names the user's command line, not a worker's argv
+    assert results["command"][0] == "/usr/local/bin/ddl", results["command"]
+    assert results["command"][1:4] == ["train", "--site", "local"], results["command"]
     assert results["world"] == {"size": 2, "dp_size": 2, "backend": "gloo", "device": "cpu",
                                 "parallel": {"pp": 1, "dp_replicate": 2, "dp_shard": 1,
                                              "tp": 1}}

@@ -15,11 +15,12 @@ torchrun's); nothing imports torch.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ddl.contract.errors import UsageError
 from ddl.settings import rundir
@@ -46,6 +47,9 @@ class RunPlan(BaseModel):
     world_size: int
     loader_workers: int  # DataLoader processes per rank
     data_dir_is_default: bool  # only then may synthetic data be generated into it
+    # the command line that made this plan (results.json's ``command``): a worker's own
+    # argv is only ``.../ddl/worker/__main__.py RUN_DIR``
+    command: list[str] = Field(default_factory=list)
 
     @property
     def run_dir(self) -> Path:
@@ -134,7 +138,7 @@ def make_plan(built: Built, env: Mapping[str, str] = os.environ,
     return RunPlan(config=config, site=site, site_note=built.site_note, launcher=launcher,
                    nproc_per_node=nproc, nnodes=nnodes, world_size=world_size,
                    loader_workers=loader_workers(config.workers, launcher, nproc, env),
-                   data_dir_is_default=built.data_dir_is_default)
+                   data_dir_is_default=built.data_dir_is_default, command=list(sys.argv))
 
 
 def write(plan: RunPlan) -> Path:

@@ -36,7 +36,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              profile: list[dict[str, Any]] | None, peak_flops: float | None,
              parallel: dict[str, int] | None = None,
              compiled: dict[str, Any] | None = None,
-             threads: dict[str, Any] | None = None) -> dict[str, Any]:
+             threads: dict[str, Any] | None = None,
+             command: list[str] | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -48,7 +49,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "started_at": time.strftime(TIME_FORMAT, time.localtime(started)),
         "finished_at": time.strftime(TIME_FORMAT, time.localtime(finished)),
         "wall_time_s": finished - started,
-        "command": sys.argv,
+        "command": command or sys.argv,  # the user's, from the plan
         "plugin": config.plugin, "strategy": config.strategy, "site": config.site,
         "preset": layout.preset,
         "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},

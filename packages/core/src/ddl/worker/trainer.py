@@ -74,7 +74,7 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
         profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
         observers.phase("testing")
         document = _finish(run, plugins, begin, epochs, started, profile, used,
-                           peak_flops=plan.site.device_peak_flops)
+                           peak_flops=plan.site.device_peak_flops, command=plan.command)
     except BaseException as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         observers.close("failed", why)
@@ -85,7 +85,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
 
 def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],
             started: float, profile: dict[str, Any] | None,
-            used: dict[str, Any], peak_flops: float | None) -> dict[str, Any]:
+            used: dict[str, Any], peak_flops: float | None,
+            command: list[str]) -> dict[str, Any]:
     """Test, export the full weights and write results.json (rank 0). Every rank calls it:
     the test metrics, memory, weights and per-rank reports are gathered collectively."""
     config, world, workload, strategy, model = (run.config, run.world, run.workload,
@@ -112,7 +113,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
         peak_flops=peak_flops, parallel=run.context.layout.degrees(),
-        compiled=_compile_report(run), threads=threads.report())
+        compiled=_compile_report(run), threads=threads.report(), command=command)
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)
