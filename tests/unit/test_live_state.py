@@ -146,7 +146,8 @@ class Writer:
         self.closed = True
 
 
-RECORD = {"epoch": 1, "time_s": 2.0, "samples_per_s": 500.0, "data_wait_s": 0.5, "lr": 0.1,
+RECORD = {"epoch": 1, "time_s": 2.0, "samples_per_s": 500.0, "data_wait_s": 0.5,
+          "data_wait_share": 0.25, "lr": 0.1,
           "train": {"loss": 0.9, "accuracy": 0.5}, "val": {"loss": 0.8, "accuracy": 0.6}}
 
 

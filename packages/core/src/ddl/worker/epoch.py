@@ -136,10 +136,10 @@ def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool
     run.say(f"epoch {epoch}/{layout.epochs}  train {fmt(trained.metrics)} | val "
             f"{fmt(val)} | {seconds:.1f} s, {samples / seconds:.0f} samples/s"
             + (" (warm-up, excluded from the summary)" if warmup else ""))
-    note = None if warmup or run.run_dir in _LOADER_NOTED else loader_note(
+    note = None if warmup or run.loader_noted else loader_note(
         epoch, layout.steps_per_epoch - position, seconds, trained.data_wait, run.workers)
     if note:
-        _LOADER_NOTED.add(run.run_dir)
+        run.loader_noted = True
         run.say(note)
     if world.is_main:
         rundir.append_jsonl(run.run_dir / rundir.METRICS, record)
@@ -148,7 +148,6 @@ def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool
 
 
 LOADER_BOUND = 0.2  # a measured epoch waiting for data this share of its time says so
-_LOADER_NOTED: set = set()  # run directories already told (once per run)
 
 
 def loader_note(epoch: int, steps: int, seconds: float, data_wait: float,

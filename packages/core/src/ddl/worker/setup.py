@@ -145,6 +145,7 @@ class Run:
     # bytes saved for backward (not under --compile: dynamo and saved-tensor hooks)
     saved_tensors: SavedTensorMeter | None = None
     first_step_s: float | None = None  # --compile: the first step's wall time, compiling
+    loader_noted: bool = False  # the loader-bound note was printed (once per run)
 
     def say(self, message: str) -> None:
         """Print on rank 0 only, so N ranks do not repeat each line N times."""

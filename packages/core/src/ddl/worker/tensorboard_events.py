@@ -40,8 +40,7 @@ class Board:
         values = {f"{split}/{name}": v for split in ("train", "val")
                   for name, v in record.get(split, {}).items()}
         values.update({"perf/samples_per_s": record["samples_per_s"],
-                       "perf/data_wait_share": record["data_wait_s"] / record["time_s"]
-                       if record["time_s"] else 0.0,
+                       "perf/data_wait_share": record["data_wait_share"],
                        "perf/epoch_time_s": record["time_s"], "opt/lr": record["lr"]})
         self._log(values, step, flush=True)
 
