@@ -172,3 +172,35 @@ def test_interval_must_be_positive(tmp_path):
     run = _run_dir(tmp_path, _rank(0))
     assert_one_line_error(run_ddl("watch", str(run), "--interval", "0", timeout=60),
                           "--interval")
+
+
+def test_a_run_dir_that_appears_later_is_waited_for(tmp_path):
+    """`ddl train ... &` then `ddl watch` at once: the directory comes a moment later. The
+    watcher says it waits (the test creates the run when it reads that line: no sleep)."""
+    target = tmp_path / "later"
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from ddl.commands.cli import "
+                             "main; sys.exit(main())", "watch", str(target), "--interval",
+                             "0.05", "--wait", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("ddl watch: waiting up to 60 s for ") and str(target) in first
+        run = _run_dir(tmp_path / "made", _rank(0, state="finished", phase="done"),
+                       _rank(1, state="finished", phase="done"))
+        (run / "results.json").write_text("{}")
+        run.rename(target)  # appears whole, as a directory some marker already names
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, first + out + err
+    assert out.splitlines()[-1].startswith("ddl watch: ") and err == ""
+
+
+def test_a_run_dir_that_never_appears_is_one_line_after_the_wait(tmp_path):
+    target = tmp_path / "never"
+    proc = run_ddl("watch", str(target), "--interval", "0.05", "--wait", "0.2", timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stdout + proc.stderr
+    assert "RUN_DIR" in proc.stderr and str(target) in proc.stderr
+    assert proc.stdout.startswith("ddl watch: waiting up to 0.2 s")
+    proc = run_ddl("watch", str(target), "--wait", "-1", timeout=60)
+    assert_one_line_error(proc, "--wait")

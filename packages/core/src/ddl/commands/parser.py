@@ -225,6 +225,9 @@ def _measure_parsers(sub) -> None:
     watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
                        help="seconds between refreshes (default: 1); ends by itself when "
                             "the run does: 0 finished, 3 stopped, 1 failed")
+    watch.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                       help="how long to wait for RUN_DIR to appear, e.g. right after "
+                            "`ddl train &` (default: 60, or 0 with --once)")
 
 
 def _layout_parser(sub) -> None:

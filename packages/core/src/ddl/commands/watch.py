@@ -13,7 +13,9 @@ a dead node; or clocks that differ between nodes). The view ends by itself when 
 does: exit 0 once it finished (``results.json``, or every rank says finished), 3 when it
 stopped for a resume, 1 when it failed or its launcher on this host is gone without a
 result. Not on a terminal (a pipe, a log) it prints one status line per refresh and the full
-view at the end. ``--once`` prints the view once and exits 0, for scripts.
+view at the end. ``--once`` prints the view once and exits 0, for scripts. A RUN_DIR that
+is not there yet (``ddl train &`` then ``ddl watch`` at once) is waited for, up to
+``--wait`` seconds.
 """
 
 from __future__ import annotations
@@ -64,10 +66,18 @@ class Snapshot:
         return max(sizes, default=0) or len(self.ranks)
 
 
+#: How long the live view waits for a run directory that is not there yet (``ddl train &``
+#: followed at once by ``ddl watch``: the launcher creates it a moment later).
+WAIT_S = 60.0
+
+
 def cmd_watch(ns: argparse.Namespace) -> int:
-    run_dir = check_run_dir(ns.run_dir)
     if not ns.interval > 0:
         raise UsageError(f"--interval: {ns.interval:g} is not a positive number of seconds")
+    wait = ns.wait if ns.wait is not None else (0.0 if ns.once else WAIT_S)
+    if not wait >= 0:
+        raise UsageError(f"--wait: {ns.wait:g} is not a number of seconds >= 0")
+    run_dir = wait_for_run_dir(ns.run_dir, wait, ns.interval)
     if ns.once:
         print("\n".join(render(read(run_dir))))
         return 0
@@ -88,6 +98,24 @@ def cmd_watch(ns: argparse.Namespace) -> int:
             return code
         sys.stdout.flush()
         time.sleep(ns.interval)
+
+
+def wait_for_run_dir(path: Path, wait_s: float, interval_s: float) -> Path:
+    """``path`` once it is a run directory; until then, for up to ``wait_s`` seconds, one
+    line saying so and a look every ``interval_s``. A file is refused at once."""
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        try:
+            return check_run_dir(path)
+        except UsageError:
+            if path.is_file() or time.monotonic() >= deadline:
+                raise
+        if not told:
+            print(f"ddl watch: waiting up to {wait_s:g} s for {path} to become a run "
+                  "directory (Ctrl-C leaves)", flush=True)
+            told = True
+        time.sleep(min(interval_s, max(deadline - time.monotonic(), 0.0)))
 
 
 def check_run_dir(path: Path) -> Path:
