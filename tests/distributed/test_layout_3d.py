@@ -45,6 +45,9 @@ def three_d(tmp_path_factory, synthetic_xsum):
                    "--data-dir", str(synthetic_xsum), "--run-dir", str(run_dir),
                    "--checkpoint-every", "2", cwd=run_dir.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # a user reads this output: no library warnings (deprecated T5 keywords, FSDP2's view
+    # caution, DTensor's two-all-gather remark), once per rank
+    assert "Warning" not in proc.stderr and "redistributing" not in proc.stderr, proc.stderr
     return (run_dir, json.loads((run_dir / "results.json").read_text()),
             torch.load(run_dir / "model.pt", weights_only=True))
 

@@ -136,6 +136,7 @@ def _report(failure: crash.Failed) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    _quiet_library_remarks()
     rank = int(os.environ.get("RANK", 0))
     plan = None
     try:
@@ -184,6 +185,16 @@ def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> bool:
 
 #: Set by the local launcher for its workers: its pid, to notice it died before we tied to it.
 LAUNCHER_PID = "DDL_LAUNCHER_PID"
+
+
+def _quiet_library_remarks() -> None:
+    """DTensor warns on every rank, at each gather of a tensor sharded twice over one
+    dimension (tp and dp_shard of a 3-D layout, when the full weights are exported), that it
+    takes two all-gathers and how torch could merge them: a note for torch's developers that
+    a user cannot act on, eight times in the middle of a run's output. Errors still show."""
+    import logging
+
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
 def tie_to_launcher() -> None:

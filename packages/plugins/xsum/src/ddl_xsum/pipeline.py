@@ -146,8 +146,7 @@ class T5Stage(nn.Module):
             mask = create_bidirectional_mask(config=enc.config, inputs_embeds=hidden,
                                              attention_mask=x["attention_mask"])
             for block in enc.own_blocks():
-                hidden, bias, _ = block(hidden, mask, bias, None, None, None,
-                                        past_key_values=None)
+                hidden, bias, _ = block(hidden, mask, bias, None, None, None)  # no cache
             if enc.ends:
                 x["encoder_states"] = enc.dropout(enc.final_layer_norm(hidden))
             else:
@@ -156,15 +155,16 @@ class T5Stage(nn.Module):
             hidden = x["target_embeds"] if self.start <= self.n_enc else x["hidden"]
             bias = dec.position_bias(hidden)
             states = x["encoder_states"]
-            self_mask = create_causal_mask(config=dec.config, inputs_embeds=hidden,
-                                           attention_mask=None, past_key_values=None)
+            # (config, inputs_embeds, attention_mask, no cache): positional, as the cache's
+            # keyword differs between transformers versions (past_key_values, now cache)
+            self_mask = create_causal_mask(dec.config, hidden, None, None)
             cross_mask = create_bidirectional_mask(config=dec.config, inputs_embeds=hidden,
                                                    attention_mask=x["attention_mask"],
                                                    encoder_hidden_states=states)
             cross_bias = None  # zeros (no table in cross-attention), made by the first block
             for block in dec.own_blocks():
                 hidden, bias, cross_bias = block(hidden, self_mask, bias, states, cross_mask,
-                                                 cross_bias, past_key_values=None)
+                                                 cross_bias)  # no cache (its default)
             if self.last:
                 out = dec.dropout(dec.final_layer_norm(hidden))
                 if self.scale is not None:
