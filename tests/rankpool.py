@@ -113,8 +113,6 @@ class RankPool:
     def _start(self) -> None:
         if self._procs:
             return
-        import multiprocessing
-
         import torch.distributed as dist
 
         # port 0: the kernel picks a free port, and this store holds it from now on
