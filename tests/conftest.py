@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -17,6 +18,22 @@ pytest_plugins = ["cpu_report"]
 
 REPO = Path(__file__).resolve().parents[1]
 DDL = str(Path(sys.executable).with_name("ddl"))  # the console script of this venv
+
+
+def live_workers(run_dir: Path) -> dict[int, int]:
+    """{rank: pid} of a local run's workers still running: each rank's live state
+    (RUN_DIR/live/rank-N.json) names its pid, and a forked worker is named ``ddl.worker``
+    (``/proc/PID/comm``), so a pid reused since by another process is not taken. The
+    workers' command lines are their fork server's and say nothing of the run."""
+    found: dict[int, int] = {}
+    for path in sorted((run_dir / "live").glob("rank-*.json")):
+        try:
+            doc = json.loads(path.read_text())
+            if Path(f"/proc/{doc['pid']}/comm").read_text().strip() == "ddl.worker":
+                found[int(doc["rank"])] = int(doc["pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
 
 
 def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,

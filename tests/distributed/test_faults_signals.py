@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DDL, run_ddl
+from conftest import DDL, live_workers, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -27,16 +27,8 @@ ARGS = ["train", "--plugin", "mnist", "--preset", "tiny", "--global-batch-size",
 
 
 def _workers(run_dir: Path) -> list[int]:
-    """Processes running `python -m ddl.worker RUN_DIR` (whoever their parent is now)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"ddl.worker" in argv and str(run_dir).encode() in argv:
-            found.append(int(cmdline.parent.name))
-    return found
+    """The run's workers still running, in rank order (tests/conftest.live_workers)."""
+    return [pid for _, pid in sorted(live_workers(run_dir).items())]
 
 
 def _alive(pid: int) -> bool:
@@ -129,11 +121,6 @@ def test_sigint_ends_the_run_at_once_with_exit_130(tmp_path, synthetic_mnist, cl
     _none_outlive(workers)
 
 
-def _rank_of(pid: int) -> int:
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return int(next(v for v in environ if v.startswith(b"RANK="))[5:])
-
-
 def test_a_stopped_rank_is_named_by_the_heartbeat_long_before_the_collective_timeout(
         tmp_path, synthetic_mnist, cleanup):
     """SIGSTOP of rank 1: rank 0's heartbeat watcher finds its counter still after
@@ -142,7 +129,7 @@ def test_a_stopped_rank_is_named_by_the_heartbeat_long_before_the_collective_tim
     proc, run_dir, workers = _start_and_wait_for_training(
         tmp_path, synthetic_mnist, "--hang-timeout", "4")
     cleanup.append((proc, run_dir))
-    hung = next(pid for pid in workers if _rank_of(pid) == 1)
+    hung = live_workers(run_dir)[1]
     os.kill(hung, signal.SIGSTOP)
     out, err = proc.communicate(timeout=120)  # far below the 600 s collective timeout
     assert proc.returncode == 1, out + err

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from conftest import DDL, run_ddl
+from conftest import DDL, live_workers, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -142,10 +141,9 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, synthetic_mnist, unint
     run_dir = tmp_path / "run"
     proc = start(_args(synthetic_mnist, run_dir, "ddp", "--max-restarts", "1"), tmp_path)
     _wait_for(_first_checkpoint(run_dir), proc, "a checkpoint")
-    workers = [p for p in _descendants(proc.pid)
-               if b"ddl.worker" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert len(workers) == 2, workers
-    os.kill(workers[-1], signal.SIGKILL)
+    workers = live_workers(run_dir)
+    assert sorted(workers) == [0, 1], workers
+    os.kill(workers[1], signal.SIGKILL)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, out + err
     results = json.loads((run_dir / "results.json").read_text())

@@ -4,7 +4,8 @@
 torch's own elastic agent (the engine behind torchrun, ``torch.distributed.launcher``): it
 picks a free port for a c10d rendezvous on 127.0.0.1, sets RANK/LOCAL_RANK/WORLD_SIZE and
 MASTER_ADDR/MASTER_PORT for each worker, streams their output and reports failures.
-Each worker runs ``python -m ddl.worker RUN_DIR``.
+Each worker is forked from a fork server that has imported torch and the workload's
+libraries once (``ddl.worker.entry.forked``).
 
 Signals to ``ddl train`` (see docs/checkpoints.md, "Faults and what ddl does"): SIGTERM and
 SIGUSR1 ask the workers for a clean stop (passed on as SIGUSR1; they stop after the next step
@@ -26,7 +27,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError
 from ddl.worker import crash, threads
 from ddl.worker.control import STOP_FILE
-from ddl.worker.entry import LAUNCHER_PID
+from ddl.worker.entry import LAUNCHER_PID, WORKER_NAME, forked
 
 
 def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
@@ -56,6 +57,8 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     for name in list(logging.root.manager.loggerDict):  # torch gives each module a level
         if name.startswith("torch.distributed.elastic."):  # ("Received 2 death signal")
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    # and the process context under it ("Terminating process N via signal SIGTERM")
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
@@ -63,7 +66,8 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
                           # SIGTERM and SIGUSR1 are ours (a clean stop); the agent stops the
                           # workers at once on these:
                           signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
-                          start_method="spawn")
+                          start_method="forkserver")
+    _preload_fork_server()
     started = time.time()
     os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
     os.environ[LAUNCHER_PID] = str(os.getpid())  # a worker checks it still has its launcher
@@ -73,7 +77,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGUSR1, forward)
     try:
-        elastic_launch(config, sys.executable)("-m", "ddl.worker", str(run_dir))
+        elastic_launch(config, forked)(str(run_dir))
     except SignalException as exc:  # the agent has ended the workers by now
         if exc.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None  # `ddl: interrupted`, exit 130
@@ -143,23 +147,45 @@ def _stop_then_end(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
 
+def _preload_fork_server() -> None:
+    """What the fork server imports once for all workers (and for a restart's): torch,
+    ddl's trainer, torchvision where installed, and the libraries this process's pre-flight
+    already needed (transformers for xsum). Each worker imported them itself before: 2-4
+    CPU seconds per worker (torchvision's and transformers' imports pull in torch._dynamo).
+    The fork server is a fresh interpreter that has run nothing, so forking it copies no
+    threads or OpenMP pool (forking this process, which holds the agent's threads, would)."""
+    import importlib.util
+    import multiprocessing
+
+    names = ["torch", "torch.distributed", "ddl.worker.trainer"]
+    names += [name for name in ("torchvision",) if importlib.util.find_spec(name)]
+    names += [name for name in ("transformers", "datasets", "accelerate") if name in sys.modules]
+    multiprocessing.set_forkserver_preload(names)
+
+
 def _worker_pids() -> list[int]:
-    """This process's children that run ``ddl.worker`` (Linux /proc; the agent keeps its
-    worker handles to itself)."""
+    """This process's workers (Linux /proc; the agent keeps its worker handles to itself):
+    the children of its fork server, named ``ddl.worker``."""
     pids: list[int] = []
-    for task in Path("/proc/self/task").glob("*"):
-        try:
-            children = (task / "children").read_text().split()
-        except OSError:
-            continue
-        for pid in map(int, children):
+    for child in _children(os.getpid()):
+        for pid in [child, *_children(child)]:
             try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
             except OSError:
                 continue
-            if b"ddl.worker" in command:
+            if name == WORKER_NAME:
                 pids.append(pid)
     return pids
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += map(int, (task / "children").read_text().split())
+        except OSError:
+            continue
+    return found
 
 
 def _catches_sigusr1(pid: int) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from ddl.contract.errors import DdlError, UsageError
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         # Another rank died (its own message, if any, says why); no need for a traceback,
         # nor a line at all under the local launcher, which names the rank that failed.
         if os.environ.get(crash.LAUNCHER_REPORTS):
+            # torch's agent reports the first rank it sees end; give the one that failed
+            # (killed, crashed) the time to be seen first, so it is the one named
+            time.sleep(LOST_CONTACT_GRACE_S)
             return crash.LOST_CONTACT
         print(f"ddl: error on rank {rank}: lost contact with another rank "
               f"({_first_line(exc)})", file=sys.stderr, flush=True)
@@ -185,6 +189,45 @@ def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> bool:
 
 #: Set by the local launcher for its workers: its pid, to notice it died before we tied to it.
 LAUNCHER_PID = "DDL_LAUNCHER_PID"
+#: How long a rank that lost contact with another waits before it ends, under the local
+#: launcher (which names the first rank it sees end: see main).
+LOST_CONTACT_GRACE_S = 2.0
+#: A forked worker's process name (``/proc/PID/comm``, ``ps``): how the launcher finds it.
+WORKER_NAME = "ddl.worker"
+
+
+def forked(run_dir: str) -> int:
+    """A worker of a local multi-process run, forked by the launcher's fork server
+    (ddl.launch.local) with torch and the workload's libraries already imported. As a
+    worker started by ``python -m ddl.worker``: a session of its own (nothing from the
+    terminal reaches it unless the launcher passes it on), tied to the launcher. Returns 0
+    on success (torch's agent waits for the return value); other codes are exit codes."""
+    os.setsid()
+    _name_process(WORKER_NAME)
+    tie_to_launcher()
+    code = main([run_dir])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code != 0:
+        sys.exit(code)
+    return 0  # the fork server's child ends with os._exit: no interpreter teardown
+
+
+def _name_process(name: str) -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_name = 15  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, name.encode()[:15], 0, 0, 0)
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent of ``pid`` (Linux /proc), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _quiet_library_remarks() -> None:
@@ -218,8 +261,43 @@ def tie_to_launcher() -> None:
         pr_set_pdeathsig = 1  # <linux/prctl.h>
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
         launcher = os.environ.get(LAUNCHER_PID)
-        if launcher and os.getppid() != int(launcher):  # it died before the prctl above
+        parent = os.getppid()
+        if launcher and int(launcher) not in (parent, _parent_of(parent)):
+            os._exit(128 + signal.SIGKILL)  # it died before the prctl above
+        if launcher and int(launcher) != parent:
+            _end_with(int(launcher))  # forked by its fork server: not our parent
+
+
+def _end_with(pid: int) -> None:
+    """A worker forked by the launcher's fork server has the server as its parent, and
+    the server outlives the launcher while its workers hold its pipe: a thread waits on
+    the launcher's pidfd (Linux >= 5.3) and kills this process when the launcher ends."""
+    import select
+    import signal
+    import threading
+
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # gone already, or no pidfd here
+        if not _alive(pid):
             os._exit(128 + signal.SIGKILL)
+        return
+
+    def watch() -> None:
+        select.select([pidfd], [], [])  # readable once the process has ended
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ddl-launcher-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def start() -> None:
