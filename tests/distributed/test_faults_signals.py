@@ -183,3 +183,39 @@ def test_a_stopped_rank_0_that_hosts_the_store_is_named_by_rank_1(tmp_path, synt
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+_NEVER_BEAT = """
+import os, socket, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from ddl.contract.world import World
+from ddl.worker.heartbeat import Heartbeat
+
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+# rank 1 as its own start leaves it: it said where it runs, then stopped before its first beat
+store.set("ddl/heartbeat/who/1", f"{socket.gethostname()} {sys.argv[2]}")
+world = World(0, 0, 2, torch.device("cpu"), "gloo")
+Heartbeat(store, world, 1.2, Path(sys.argv[1]))
+time.sleep(60)  # the watcher's os._exit ends this process long before
+"""
+
+
+def test_a_rank_stopped_before_its_first_beat_is_still_killed_and_named(tmp_path):
+    """A quick run reaches its first checkpoint within one beat interval, so rank 1 can be
+    stopped before it ever beat: the watcher must still know its pid (from the store), kill
+    it and name it. Rank 1 here is a real stopped process; rank 0's watcher a real Heartbeat
+    on a real TCPStore."""
+    rank1 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        os.kill(rank1.pid, signal.SIGSTOP)
+        watcher = subprocess.run([sys.executable, "-c", _NEVER_BEAT, str(tmp_path),
+                                  str(rank1.pid)], capture_output=True, text=True, timeout=60)
+        assert watcher.returncode == 1, watcher.stderr
+        line = json.loads((tmp_path / "logs" / "rank1-error.json").read_text())["line"]
+        assert f"its process (pid {rank1.pid}) was killed" in line, line
+        assert rank1.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        rank1.kill()
+        rank1.wait()

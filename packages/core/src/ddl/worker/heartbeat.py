@@ -85,16 +85,24 @@ class Heartbeat:
                     since = dict.fromkeys(since, now)
                 last_look = now
                 for r in self.watched:
+                    self._learn_where(r)
                     count = self.store.add(f"{_PREFIX}beat/{r}", 0)
                     if count != counts[r]:
-                        if count > 0 and r not in self.where:  # it has said where it runs
-                            self.where[r] = self.store.get(f"{_PREFIX}who/{r}").decode()
                         counts[r], since[r] = count, now
                     elif now - since[r] > self.timeout_s and not self._done(r):
                         self._hung(r, now - since[r])
             except Exception:  # noqa: BLE001 - the store closed: the run is ending
                 self.stopped.set()  # (a stopped host does not close it: calls just wait)
                 return
+
+    def _learn_where(self, rank: int) -> None:
+        """Where ``rank`` runs, once it has said so. Looked up on every pass, not only at its
+        first beat: a rank stopped before its first beat (a quick run reaches its first
+        checkpoint within one interval) would otherwise be named without its pid, and not
+        killed. ``check`` first: a ``get`` of a missing key waits for it."""
+        key = f"{_PREFIX}who/{rank}"
+        if rank not in self.where and self.store.check([key]):
+            self.where[rank] = self.store.get(key).decode()
 
     def _watch_the_store(self) -> None:
         """Under srun rank 0's own process hosts the store: a stopped rank 0 takes it along,
