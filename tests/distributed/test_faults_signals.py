@@ -211,7 +211,8 @@ def test_a_rank_stopped_before_its_first_beat_is_still_killed_and_named(tmp_path
     try:
         os.kill(rank1.pid, signal.SIGSTOP)
         watcher = subprocess.run([sys.executable, "-c", _NEVER_BEAT, str(tmp_path),
-                                  str(rank1.pid)], capture_output=True, text=True, timeout=60)
+                                  str(rank1.pid)], check=False, capture_output=True, text=True,
+                                 timeout=60)
         assert watcher.returncode == 1, watcher.stderr
         line = json.loads((tmp_path / "logs" / "rank1-error.json").read_text())["line"]
         assert f"its process (pid {rank1.pid}) was killed" in line, line
