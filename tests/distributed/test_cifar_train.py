@@ -35,11 +35,16 @@ def prepared_cifar(tmp_path_factory):
 
 def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     run_dir = tmp_path / "run"
+    scratch = tmp_path / "tmp"  # the run's TMPDIR: nothing may be left in it
+    scratch.mkdir()
     # 4 of the preset's 8 epochs (CI time): measured 0.50 val / 0.47 test accuracy after 3
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--nproc", "2",
                    "--epochs", "4", "--data-dir", str(prepared_cifar), "--run-dir",
-                   str(run_dir), cwd=tmp_path)
+                   str(run_dir), cwd=tmp_path, env={"TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # torch's agent folder was left in /tmp after every run; inductor's cache is meant to stay
+    left = [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")]
+    assert not left, f"left behind in TMPDIR: {left}"
     results = json.loads((run_dir / "results.json").read_text())
     assert results["world"]["size"] == 2 and results["data"]["synthetic"] is True
     assert results["preset"] == "tiny" and len(results["epochs"]) == 4

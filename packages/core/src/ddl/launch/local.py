@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -44,7 +45,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
         finally:
             _restore(kept)
 
-    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -59,6 +60,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     # and the process context under it ("Terminating process N via signal SIGTERM")
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
+    agent_dir = tempfile.TemporaryDirectory(prefix="ddl-agent-")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
@@ -66,7 +68,10 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
                           # SIGTERM and SIGUSR1 are ours (a clean stop); the agent stops the
                           # workers at once on these:
                           signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
-                          start_method="forkserver")
+                          start_method="forkserver",
+                          # the agent's own folder (empty: output is not redirected), which
+                          # torch would leave in /tmp after every run; removed at the end
+                          logs_specs=DefaultLogsSpecs(log_dir=agent_dir.name))
     _preload_fork_server()
     started = time.time()
     os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
@@ -100,6 +105,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
         raise DdlError(_died(first, exc.failures[first].exitcode, len(exc.failures))) from None
     finally:
         _restore(kept)
+        agent_dir.cleanup()
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
         os.environ.pop(LAUNCHER_PID, None)
     return 0
@@ -114,7 +120,7 @@ class _StopForwarder:
         self.received = 0
 
     def __call__(self, signum: int, frame) -> None:
-        from torch.distributed.elastic.multiprocessing import SignalException
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
         self.received += 1
         name = signal.Signals(signum).name
