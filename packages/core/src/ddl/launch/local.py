@@ -120,7 +120,7 @@ class _StopForwarder:
         self.received = 0
 
     def __call__(self, signum: int, frame) -> None:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+        from torch.distributed.elastic.multiprocessing import SignalException
 
         self.received += 1
         name = signal.Signals(signum).name
