@@ -35,7 +35,9 @@ def prepared_cifar(tmp_path_factory):
 
 def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     run_dir = tmp_path / "run"
-    scratch = tmp_path / "tmp"  # the run's TMPDIR: nothing may be left in it
+    # the run's TMPDIR: nothing may be left in it, and a long one (a cluster job's scratch
+    # folder) must not break the fork server's socket path (107 bytes at most)
+    scratch = tmp_path / ("scratch-" * 10)
     scratch.mkdir()
     # 4 of the preset's 8 epochs (CI time): measured 0.50 val / 0.47 test accuracy after 3
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--nproc", "2",

@@ -30,6 +30,10 @@ from ddl.worker import crash, threads
 from ddl.worker.control import STOP_FILE
 from ddl.worker.entry import LAUNCHER_PID, WORKER_NAME, forked
 
+#: TMPDIR lengths up to this leave room for multiprocessing's socket path (two folders of
+#: ~15 characters below it, 107 bytes in all).
+_LONGEST_SOCKET_TMPDIR = 64
+
 
 def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     """Run the workers; return the exit code of the run (0, or the first failing rank's)."""
@@ -167,6 +171,26 @@ def _preload_fork_server() -> None:
     names += [name for name in ("torchvision",) if importlib.util.find_spec(name)]
     names += [name for name in ("transformers", "datasets", "accelerate") if name in sys.modules]
     multiprocessing.set_forkserver_preload(names)
+    _short_socket_folder()
+
+
+def _short_socket_folder() -> None:
+    """The fork server listens on a Unix socket in multiprocessing's temporary folder,
+    made under TMPDIR. A socket's path has at most 107 bytes, so a long TMPDIR (a job's
+    scratch folder on a cluster) would stop every run with "AF_UNIX path too long"
+    (measured: a TMPDIR over 75 characters). Then that folder is made in /tmp instead;
+    the workers keep the user's TMPDIR."""
+    import multiprocessing.util
+    import tempfile
+
+    if len(tempfile.gettempdir()) <= _LONGEST_SOCKET_TMPDIR or not os.path.isdir("/tmp"):
+        return
+    kept = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()  # made once per process, then kept
+    finally:
+        tempfile.tempdir = kept
 
 
 def _worker_pids() -> list[int]:
