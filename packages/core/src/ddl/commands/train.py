@@ -25,6 +25,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     plugins = Plugins()
     file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
     plan = run_plan.make_plan(cfg.build(train_flags(ns), file_values, plugins))
+    cfg.check_names(plan.config, plugins)  # a misspelt name: one line before torch loads
     _results_kept(plan.run_dir)
 
     if plan.launcher == "local":
