@@ -110,6 +110,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     finally:
         _restore(kept)
         agent_dir.cleanup()
+        _end_fork_server()
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
         os.environ.pop(LAUNCHER_PID, None)
     return 0
@@ -191,6 +192,26 @@ def _short_socket_folder() -> None:
         multiprocessing.util.get_temp_dir()  # made once per process, then kept
     finally:
         tempfile.tempdir = kept
+
+
+def _end_fork_server() -> None:
+    """End the fork server and reap it, once the agent has ended every worker. Left alone it
+    would exit after this process, as an orphan that no parent accounts for (a test's CPU
+    report missed it and its workers), and spend ~1 CPU-s tearing down torch on the way;
+    it holds nothing worth a clean exit, so SIGKILL, then multiprocessing's own ``_stop``
+    (private, used by CPython's tests) reaps it and forgets it, so that a later start makes
+    a new one. Under a Python without it the server is left to exit by itself."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or not hasattr(server, "_stop"):
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        server._stop()
+    except OSError:
+        pass
 
 
 def _worker_pids() -> list[int]:
