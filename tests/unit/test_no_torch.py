@@ -41,15 +41,18 @@ def test_probe_detects_torch():
     assert "torch" in heavy
 
 
-@pytest.mark.parametrize("args", [
-    ["train", "--plugin", "cifar99"], ["train", "--plugin", "mnist", "--preset", "huge"],
-    ["train", "--plugin", "xsum", "--strategy", "mesh", "--mesh", "tp=2", "--preset", "x"],
+@pytest.mark.parametrize("args, flag", [
+    (["train", "--plugin", "cifar99"], "--plugin"),
+    (["train", "--plugin", "mnist", "--preset", "huge"], "--preset"),
+    (["train", "--plugin", "xsum", "--strategy", "mesh", "--mesh", "tp=2", "--preset", "x"],
+     "--preset"),
+    (["train", "--plugin", "mnist", "--data-dir", "/nonexistent/ddl-data"], "--data-dir"),
 ])
-def test_a_misspelt_name_is_refused_before_torch_loads(args):
-    """Unknown plugin or preset: the one line and exit 2 come before the pre-flight imports
-    torch (0.2 s instead of 2.5 s)."""
+def test_a_misspelt_name_or_missing_data_is_refused_before_torch_loads(args, flag):
+    """Unknown plugin or preset, a --data-dir that is not there: the one line and exit 2
+    come before the pre-flight imports torch (0.2 s instead of 2.5 s)."""
     proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("ddl: error: --p"), proc.stderr
+    assert proc.stderr.startswith(f"ddl: error: {flag}"), proc.stderr
     assert proc.stdout.rstrip().endswith("HEAVY:"), proc.stdout
