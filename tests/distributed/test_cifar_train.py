@@ -36,7 +36,7 @@ def prepared_cifar(tmp_path_factory):
 def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     run_dir = tmp_path / "run"
     # the run's TMPDIR: nothing may be left in it, and a long one (a cluster job's scratch
-    # folder) must not break the fork server's socket path (107 bytes at most)
+    # folder) must not break the fork server's socket (a socket path has 107 bytes at most)
     scratch = tmp_path / ("scratch-" * 10)
     scratch.mkdir()
     # 4 of the preset's 8 epochs (CI time): measured 0.50 val / 0.47 test accuracy after 3
@@ -57,6 +57,21 @@ def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     assert results["final"]["test"]["accuracy"] >= 0.35, results["final"]
     losses = [e["train"]["loss"] for e in results["epochs"]]
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_loader_workers_run_under_a_long_tmpdir(tmp_path, prepared_cifar):
+    """A loader worker hands each batch over through a Unix socket under TMPDIR: with a
+    long TMPDIR (a cluster job's scratch folder) it died with "AF_UNIX path too long" and
+    the rank waited for it (ddl.worker.socket_folder)."""
+    scratch = tmp_path / ("scratch-" * 10)
+    scratch.mkdir()
+    proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--nproc", "1",
+                   "--workers", "1", "--epochs", "1", "--steps-per-epoch", "2",
+                   "--data-dir", str(prepared_cifar), "--run-dir", str(tmp_path / "run"),
+                   cwd=tmp_path, env={"TMPDIR": str(scratch)}, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["loader_workers"] == 1, results.get("loader_workers")
 
 
 def _train(tmp_path, data_dir, nproc, strategy="ddp", sync_bn="--sync-bn"):

@@ -1,5 +1,6 @@
 """The fast paths of the CLI must not import torch (it costs seconds on every call)."""
 
+import os
 import subprocess
 import sys
 
@@ -50,9 +51,11 @@ def test_probe_detects_torch():
 ])
 def test_a_misspelt_name_or_missing_data_is_refused_before_torch_loads(args, flag):
     """Unknown plugin or preset, a --data-dir that is not there: the one line and exit 2
-    come before the pre-flight imports torch (0.2 s instead of 2.5 s)."""
+    come before the pre-flight imports torch (0.2 s instead of 2.5 s). Outside any Slurm
+    job: a task other than the first would leave the line to the first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith(f"ddl: error: {flag}"), proc.stderr
     assert proc.stdout.rstrip().endswith("HEAVY:"), proc.stdout

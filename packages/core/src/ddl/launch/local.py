@@ -26,13 +26,9 @@ import uuid
 from pathlib import Path
 
 from ddl.contract.errors import DdlError
-from ddl.worker import crash, threads
+from ddl.worker import crash, socket_folder, threads
 from ddl.worker.control import STOP_FILE
 from ddl.worker.entry import LAUNCHER_PID, WORKER_NAME, forked
-
-#: TMPDIR lengths up to this leave room for multiprocessing's socket path (two folders of
-#: ~15 characters below it, 107 bytes in all).
-_LONGEST_SOCKET_TMPDIR = 64
 
 
 def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
@@ -64,7 +60,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     # and the process context under it ("Terminating process N via signal SIGTERM")
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
-    agent_dir = tempfile.TemporaryDirectory(prefix="ddl-agent-")
+    agent_dir = tempfile.TemporaryDirectory(prefix="ddl-agent-", ignore_cleanup_errors=True)
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=str(uuid.uuid4()), rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
@@ -77,6 +73,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
                           # torch would leave in /tmp after every run; removed at the end
                           logs_specs=DefaultLogsSpecs(log_dir=agent_dir.name))
     _preload_fork_server()
+    socket_folder.keep_short()  # the fork server's socket, under a long TMPDIR too
     started = time.time()
     os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
     os.environ[LAUNCHER_PID] = str(os.getpid())  # a worker checks it still has its launcher
@@ -172,26 +169,6 @@ def _preload_fork_server() -> None:
     names += [name for name in ("torchvision",) if importlib.util.find_spec(name)]
     names += [name for name in ("transformers", "datasets", "accelerate") if name in sys.modules]
     multiprocessing.set_forkserver_preload(names)
-    _short_socket_folder()
-
-
-def _short_socket_folder() -> None:
-    """The fork server listens on a Unix socket in multiprocessing's temporary folder,
-    made under TMPDIR. A socket's path has at most 107 bytes, so a long TMPDIR (a job's
-    scratch folder on a cluster) would stop every run with "AF_UNIX path too long"
-    (measured: a TMPDIR over 75 characters). Then that folder is made in /tmp instead;
-    the workers keep the user's TMPDIR."""
-    import multiprocessing.util
-    import tempfile
-
-    if len(tempfile.gettempdir()) <= _LONGEST_SOCKET_TMPDIR or not os.path.isdir("/tmp"):
-        return
-    kept = tempfile.tempdir
-    tempfile.tempdir = "/tmp"
-    try:
-        multiprocessing.util.get_temp_dir()  # made once per process, then kept
-    finally:
-        tempfile.tempdir = kept
 
 
 def _end_fork_server() -> None:
@@ -200,7 +177,8 @@ def _end_fork_server() -> None:
     report missed it and its workers), and spend ~1 CPU-s tearing down torch on the way;
     it holds nothing worth a clean exit, so SIGKILL, then multiprocessing's own ``_stop``
     (private, used by CPython's tests) reaps it and forgets it, so that a later start makes
-    a new one. Under a Python without it the server is left to exit by itself."""
+    a new one. Under a Python without it the server is left to exit by itself; if reaping
+    fails, multiprocessing is made to forget the server all the same."""
     from multiprocessing import forkserver
 
     server = forkserver._forkserver
@@ -210,8 +188,11 @@ def _end_fork_server() -> None:
     try:
         os.kill(pid, signal.SIGKILL)
         server._stop()
-    except OSError:
-        pass
+    except Exception:  # noqa: BLE001 - tidying up must not hide the run's own outcome
+        for name in ("_forkserver_pid", "_forkserver_alive_fd", "_forkserver_address",
+                     "_forkserver_authkey"):
+            if hasattr(server, name):
+                setattr(server, name, None)
 
 
 def _worker_pids() -> list[int]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
-from ddl.worker import crash, heartbeat, threads
+from ddl.worker import crash, heartbeat, socket_folder, threads
 
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
@@ -52,6 +52,7 @@ def run(plan, *, create_run_dir: bool) -> None:
     from ddl.worker.distributed import close_world, init_world
     from ddl.worker.trainer import train
 
+    socket_folder.keep_short()  # loader workers' sockets, under a long TMPDIR too
     config = plan.config
     restarts = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                    int(os.environ.get("SLURM_RESTART_COUNT", 0)))
