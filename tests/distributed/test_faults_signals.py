@@ -54,7 +54,24 @@ def _start_and_wait_for_training(tmp_path, data, *extra):
         time.sleep(0.05)
     workers = _workers(run_dir)
     assert len(workers) == 2, workers
+    _assert_forked_from_the_launcher(proc.pid, workers)
     return proc, run_dir, workers
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _assert_forked_from_the_launcher(launcher: int, workers: list[int]) -> None:
+    """A CPU run's fork server is a fork of `ddl train` itself (ddl.launch.fork_server), not
+    a fresh interpreter that imports torch again: its command line is the launcher's."""
+    servers = {_parent(pid) for pid in workers}
+    assert len(servers) == 1, f"workers {workers} have different parents {servers}"
+    server = servers.pop()
+    assert _parent(server) == launcher, f"fork server {server} is not ddl train's child"
+    cmdline = Path(f"/proc/{server}/cmdline").read_bytes()
+    assert cmdline == Path(f"/proc/{launcher}/cmdline").read_bytes(), \
+        f"the fork server was spawned, not forked: {cmdline[:200]!r}"
 
 
 @pytest.fixture

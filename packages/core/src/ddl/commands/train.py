@@ -30,11 +30,15 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     if plan.launcher == "local":
         print(f"ddl: {plan.site_note}", flush=True)
+        from ddl.launch import local
+
+        if plan.nproc_per_node > 1:
+            local.one_thread_per_rank()  # before the pre-flight imports torch
         _preflight(plan, plugins, may_generate_data=plan.data_dir_is_default)
         rundir.create(plan.run_dir, plan.config.resume)
         run_plan.write(plan)
-        from ddl.launch.local import launch_local
-        code = launch_local(plan.run_dir, plan.nproc_per_node, plan.config.max_restarts)
+        code = local.launch_local(plan.run_dir, plan.nproc_per_node, plan.config.max_restarts,
+                                  cpu_only=not _uses_gpu(plan.config, plan.site))
         if code == 0 and not (plan.run_dir / rundir.RESULTS).exists():
             return EXIT_STOPPED  # stopped on request after a checkpoint; it said so
         return code
@@ -87,7 +91,7 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
         from ddl.worker.checkpoint import resolve
 
         resolve(config.resume, Path("."))  # a wrong path: one line now, not from N workers
-    gpu = config.device == "cuda" or (config.device == "auto" and site.accelerator != "cpu")
+    gpu = _uses_gpu(config, site)
     if gpu and not torch.cuda.is_available():
         # One line before any worker starts (each would otherwise fail alike, exit 1).
         why = ("--device cuda" if config.device == "cuda" else
@@ -113,6 +117,10 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
     from ddl.worker.setup import check_model_fits
 
     check_model_fits(strategy, context, layout, data_dir)
+
+
+def _uses_gpu(config, site) -> bool:
+    return config.device == "cuda" or (config.device == "auto" and site.accelerator != "cpu")
 
 
 def _data_dir_exists(data_dir: Path, plugin: str) -> None:

@@ -5,7 +5,7 @@ torch's own elastic agent (the engine behind torchrun, ``torch.distributed.launc
 picks a free port for a c10d rendezvous on 127.0.0.1, sets RANK/LOCAL_RANK/WORLD_SIZE and
 MASTER_ADDR/MASTER_PORT for each worker, streams their output and reports failures.
 Each worker is forked from a fork server that has imported torch and the workload's
-libraries once (``ddl.worker.entry.forked``).
+libraries once (``ddl.launch.fork_server``; the worker's entry is ``ddl.worker.entry.forked``).
 
 Signals to ``ddl train`` (see docs/checkpoints.md, "Faults and what ddl does"): SIGTERM and
 SIGUSR1 ask the workers for a clean stop (passed on as SIGUSR1; they stop after the next step
@@ -19,20 +19,23 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from ddl.contract.errors import DdlError
+from ddl.launch import fork_server
 from ddl.worker import crash, socket_folder, threads
 from ddl.worker.control import STOP_FILE
 from ddl.worker.entry import LAUNCHER_PID, WORKER_NAME, forked
 
 
-def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
-    """Run the workers; return the exit code of the run (0, or the first failing rank's)."""
+def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
+                 cpu_only: bool = False) -> int:
+    """Run the workers; return the exit code of the run (0, or the first failing rank's).
+    ``cpu_only``: no rank uses a GPU, so the fork server may be forked from this process
+    (``ddl.launch.fork_server``)."""
     if nproc == 1:
         from ddl.worker import control
         from ddl.worker.entry import main as worker_main
@@ -49,10 +52,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    # Several ranks on few cores: more than one thread per rank makes them all slower
-    # (measured: 5-10x on 2 cores). torchrun does the same.
-    threads.capture_user_setting()  # the worker tells the user's value from ours
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    one_thread_per_rank()
     # The agent logs every failure at length; ddl reports the worker's own one-line error.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     for name in list(logging.root.manager.loggerDict):  # torch gives each module a level
@@ -72,11 +72,12 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
                           # the agent's own folder (empty: output is not redirected), which
                           # torch would leave in /tmp after every run; removed at the end
                           logs_specs=DefaultLogsSpecs(log_dir=agent_dir.name))
-    _preload_fork_server()
     socket_folder.keep_short()  # the fork server's socket, under a long TMPDIR too
     started = time.time()
+    # before the fork server starts: its workers inherit its environment
     os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
     os.environ[LAUNCHER_PID] = str(os.getpid())  # a worker checks it still has its launcher
+    fork_server.start(cpu_only)
     kept = _handlers((signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP,
                       signal.SIGQUIT))
     forward = _StopForwarder(run_dir)
@@ -107,10 +108,18 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0) -> int:
     finally:
         _restore(kept)
         agent_dir.cleanup()
-        _end_fork_server()
+        fork_server.end()
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
         os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+def one_thread_per_rank() -> None:
+    """Several ranks on few cores: more than one thread per rank makes them all slower
+    (measured: 5-10x on 2 cores); torchrun does the same. Set before this process imports
+    torch, so that its pre-flight starts no OpenMP threads and it may be forked."""
+    threads.capture_user_setting()  # the worker tells the user's value from ours
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 class _StopForwarder:
@@ -153,46 +162,6 @@ def _stop_then_end(signum: int, frame) -> None:
     os.write(2, b"ddl: error: stopped at once by a second SIGTERM, without a checkpoint; "
                 b"--resume auto continues from the newest one\n")
     raise SystemExit(128 + signum)
-
-
-def _preload_fork_server() -> None:
-    """What the fork server imports once for all workers (and for a restart's): torch,
-    ddl's trainer, torchvision where installed, and the libraries this process's pre-flight
-    already needed (transformers for xsum). Each worker imported them itself before: 2-4
-    CPU seconds per worker (torchvision's and transformers' imports pull in torch._dynamo).
-    The fork server is a fresh interpreter that has run nothing, so forking it copies no
-    threads or OpenMP pool (forking this process, which holds the agent's threads, would)."""
-    import importlib.util
-    import multiprocessing
-
-    names = ["torch", "torch.distributed", "ddl.worker.trainer"]
-    names += [name for name in ("torchvision",) if importlib.util.find_spec(name)]
-    names += [name for name in ("transformers", "datasets", "accelerate") if name in sys.modules]
-    multiprocessing.set_forkserver_preload(names)
-
-
-def _end_fork_server() -> None:
-    """End the fork server and reap it, once the agent has ended every worker. Left alone it
-    would exit after this process, as an orphan that no parent accounts for (a test's CPU
-    report missed it and its workers), and spend ~1 CPU-s tearing down torch on the way;
-    it holds nothing worth a clean exit, so SIGKILL, then multiprocessing's own ``_stop``
-    (private, used by CPython's tests) reaps it and forgets it, so that a later start makes
-    a new one. Under a Python without it the server is left to exit by itself; if reaping
-    fails, multiprocessing is made to forget the server all the same."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
-    if pid is None or not hasattr(server, "_stop"):
-        return
-    try:
-        os.kill(pid, signal.SIGKILL)
-        server._stop()
-    except Exception:  # noqa: BLE001 - tidying up must not hide the run's own outcome
-        for name in ("_forkserver_pid", "_forkserver_alive_fd", "_forkserver_address",
-                     "_forkserver_authkey"):
-            if hasattr(server, name):
-                setattr(server, name, None)
 
 
 def _worker_pids() -> list[int]:
