@@ -57,6 +57,15 @@ def held(path: Path) -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def apt_turn(env: Mapping[str, str] = os.environ) -> contextlib.AbstractContextManager[Path]:
+    """Held while a fixture runs something that may call apt-get (../shared/tools' local-slurm
+    and provide-apptainer on a fresh machine, the Chromium install). Two of them at once
+    failed on a fresh machine: the second apt-get found the package lists locked and the
+    shared tools do not wait for it ("Could not get lock /var/lib/apt/lists/lock", exit
+    100). Machine-wide, as apt's own lock is."""
+    return held(cache_root(env) / "apt-get")
+
+
 def prune_other_wheelhouses(keep: Path) -> list[Path]:
     """Remove the wheelhouse entries of other locks (GBs each) that nobody holds now;
     returns those removed. Apptainer entries stay: a running session uses its runtime and

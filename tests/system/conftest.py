@@ -30,7 +30,7 @@ import pytest
 
 from conftest import REPO, run_bounded, run_ddl
 
-from .build_cache import cache_root, entry, held, prune_other_wheelhouses
+from .build_cache import apt_turn, cache_root, entry, held, prune_other_wheelhouses
 
 PROVIDE = Path(os.environ.get("DDL_PROVIDE_APPTAINER",
                               REPO.parent / "shared" / "tools" / "provide-apptainer"))
@@ -102,7 +102,7 @@ def runtime_env() -> dict[str, str]:
     if not PROVIDE.is_file():
         pytest.fail(f"{PROVIDE} not found: the system tests need ../shared/tools beside the "
                     "checkout (or DDL_PROVIDE_APPTAINER)")
-    with held(APPTAINER_DIR):  # returns at once when another session made it
+    with held(APPTAINER_DIR), apt_turn():  # returns at once when another session made it
         proc = run_bounded([str(PROVIDE), str(APPTAINER_DIR)], timeout=1200)
     assert proc.returncode == 0, f"provide-apptainer failed:\n{proc.stdout}\n{proc.stderr}"
     env = {**os.environ, "PATH": f"{APPTAINER_DIR / 'bin'}{os.pathsep}{os.environ['PATH']}"}
@@ -166,10 +166,11 @@ def chromium() -> dict[str, str]:
     apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y",
            "--no-install-recommends", *CHROMIUM_PACKAGES]
     started = time.monotonic()
-    proc = _apt_get(apt)
-    if proc.returncode != 0:  # no or stale package lists (a fresh container): update, retry
-        update = _apt_get(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"])
-        proc = update if update.returncode else _apt_get(apt)
+    with apt_turn():
+        proc = _apt_get(apt)
+        if proc.returncode != 0:  # no or stale package lists (a fresh container): update, retry
+            update = _apt_get(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update"])
+            proc = update if update.returncode else _apt_get(apt)
     found = {name: shutil.which(name) for name in ("chromium", "chromedriver")}
     if proc.returncode != 0 or not all(found.values()):
         lines = proc.stderr.strip().splitlines() or ["(no output)"]

@@ -31,6 +31,8 @@ import pytest
 
 from conftest import REPO, run_bounded, run_ddl
 
+from .build_cache import apt_turn
+
 pytestmark = pytest.mark.system
 
 LOCAL_SLURM = Path(os.environ.get("DDL_LOCAL_SLURM",
@@ -72,7 +74,8 @@ def slurm():
         pytest.fail(f"{LOCAL_SLURM} not found: the system tests need ../shared/tools beside "
                     "the checkout (or DDL_LOCAL_SLURM)")
     try:
-        up = _local_slurm("up", timeout=600)
+        with apt_turn():  # a fresh machine: `up` installs Slurm with apt-get
+            up = _local_slurm("up", timeout=600)
         assert up.returncode == 0, f"local-slurm up failed:\n{up.stdout}\n{up.stderr}"
         # eval "$(local-slurm env)", applied to the environment the tests' commands get
         dump = subprocess.run(["bash", "-c", 'eval "$("$0" env)" && env -0', str(LOCAL_SLURM)],
