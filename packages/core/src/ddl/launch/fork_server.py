@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 # Threads that survive a fork by design: jemalloc (pyarrow's allocator, imported with
@@ -104,7 +105,9 @@ def _fork_here(names: list[str]) -> bool:
         alive_r, alive_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with warnings.catch_warnings():  # Python 3.12+ warns of any thread; ours are vetted
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # the server
             _serve(server, listener.fileno(), alive_r, alive_w)
         os.close(alive_r)
