@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import cli_fork
+
 # Opt-in CPU accounting per test (DDL_TEST_CPU_REPORT=FILE), see tests/cpu_report.py.
 pytest_plugins = ["cpu_report"]
 
@@ -37,13 +39,23 @@ def live_workers(run_dir: Path) -> dict[int, int]:
 
 
 def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
-            timeout: float = 600) -> subprocess.CompletedProcess:
+            timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`ddl ARGS`, forked from the fork server that has ddl and torch imported
+    (tests/cli_fork.py says what that keeps and when it falls back), or with ``fresh`` (or
+    DDL_TEST_CLI=exec) the console script in a new interpreter."""
     # One intra-op thread, as every worker of a multi-process run has (ddl.launch.local): a
     # single-process reference on 2 threads splits oneDNN's convolution reductions
     # differently, and the tiny ResNet (plain BatchNorm) grows that rounding from 6e-8 to
     # 8e-3 in three SGD steps (measured on an AMD EPYC host), failing 1e-5 comparisons for a
     # reason that is not ddl's. (The pytest process itself keeps torch's default.)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    if not fresh and cli_fork.enabled():
+        try:
+            done = cli_fork.run(DDL, list(args), cwd=cwd, env=full_env, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            _fail_timed_out([DDL, *args], timeout, cwd, exc.output, exc.stderr)
+        if done is not None:
+            return done
     return run_bounded([DDL, *args], cwd=cwd, env=full_env, timeout=timeout)
 
 
@@ -64,13 +76,18 @@ def run_bounded(cmd: list[str], *, timeout: float, cwd: Path | None = None,
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             out, err = "<not readable>", "<not readable>"
-        pytest.fail(f"timed out after {timeout:g} s, killed: {shlex.join(map(str, cmd))}"
-                    f"\n(cwd {cwd or os.getcwd()})\n--- last stdout:\n{_tail(out)}"
-                    f"\n--- last stderr:\n{_tail(err)}", pytrace=False)
+        _fail_timed_out(cmd, timeout, cwd, out, err)
     except BaseException:
         _kill_group(proc)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _fail_timed_out(cmd: list[str], timeout: float, cwd: Path | None, out: str | None,
+                    err: str | None) -> None:
+    pytest.fail(f"timed out after {timeout:g} s, killed: {shlex.join(map(str, cmd))}"
+                f"\n(cwd {cwd or os.getcwd()})\n--- last stdout:\n{_tail(out)}"
+                f"\n--- last stderr:\n{_tail(err)}", pytrace=False)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -118,13 +118,13 @@ class RankPool:
         # port 0: the kernel picks a free port, and this store holds it from now on
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=60))
-        context = _context()
+        forks = context()
         for rank in range(self.size):
-            ours, theirs = context.Pipe()
-            proc = context.Process(target=_serve, name=f"rankpool-{self.size}-rank{rank}",
-                                   args=(rank, self.size, self._store.port, theirs,
-                                         self.collective_timeout_s),
-                                   daemon=True)
+            ours, theirs = forks.Pipe()
+            proc = forks.Process(target=_serve, name=f"rankpool-{self.size}-rank{rank}",
+                                 args=(rank, self.size, self._store.port, theirs,
+                                       self.collective_timeout_s),
+                                 daemon=True)
             proc.start()
             theirs.close()
             self._procs.append(proc)
@@ -157,20 +157,36 @@ class RankPool:
 
 
 # What every rank imports anyway (several seconds each: torch, and through torchvision and
-# transformers torch._dynamo). A fork server imports them once per pytest process and forks
-# each rank from itself, so a pool of N pays the imports once, not N times, and a restarted
-# pool not at all. Not a fork of this process: it holds threads and an OpenMP pool, which a
-# fork would copy half-alive; the fork server is a fresh interpreter that has run nothing.
-PRELOAD = ["torch", "torch.distributed", "torchvision", "transformers", "ddl.worker.trainer",
-           "rankpool", "pool_train"]
+# transformers torch._dynamo), and what a `ddl` command imports (tests/cli_fork.py forks CLI
+# runs from the same server). A fork server imports them once per pytest process and forks
+# each rank (or command) from itself, so a pool of N pays the imports once, not N times, and
+# a restarted pool not at all. Not a fork of this process: it holds threads and an OpenMP
+# pool, which a fork would copy half-alive; the fork server is a fresh interpreter that has
+# run nothing. (Its sys.path is the interpreter's own: modules of tests/ load in each child.)
+PRELOAD = ["torch", "torch.distributed", "torchvision", "transformers", "datasets",
+           "ddl.worker.trainer", "ddl.commands.cli", "ddl.commands.train", "ddl.launch.local",
+           "torch.distributed.launcher.api"]
+_server_env: list[dict[str, str]] = []
 
 
-def _context():
+def context():
+    """multiprocessing's forkserver context with PRELOAD, its server running (one per pytest
+    process)."""
     import multiprocessing
+    from multiprocessing import forkserver
 
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)  # a module that fails to import is skipped
+    if not _server_env:
+        context.set_forkserver_preload(PRELOAD)  # a module that fails to import is skipped
+        _server_env.append(dict(os.environ))  # what the server starts with
+        forkserver.ensure_running()
     return context
+
+
+def fork_server_env() -> dict[str, str]:
+    """The environment the fork server was started with (before its imports)."""
+    context()
+    return _server_env[0]
 
 
 class RankPools(dict):
