@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import cli_fork
@@ -66,4 +67,9 @@ def test_a_timeout_kills_the_command_and_its_workers(tmp_path, synthetic_mnist):
                      cwd=tmp_path, env=_env(), timeout=8)
     assert "ddl: mnist (tiny) with ddp on 2 process(es)" in timed_out.value.output
     assert not cli_fork.session_members(timed_out.value.pid)
-    assert not live_workers(tmp_path / "run")  # by their own pid files
+    # the workers hold sessions of their own and die with their parent (PR_SET_PDEATHSIG),
+    # a moment after it: they are seen gone, by their own pid files, within 30 s
+    deadline = time.monotonic() + 30
+    while live_workers(tmp_path / "run") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not live_workers(tmp_path / "run")
