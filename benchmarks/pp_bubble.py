@@ -67,6 +67,10 @@ class Settings:
     # ddl's timers are all real, only the arithmetic is replaced by a known duration
     compute: str = "matmul"
     accelerator_forward_ms: float = 40.0  # per layer; backward takes twice as long
+    # "DIR:N": N runs (separate invocations, accelerator compute) time their steps side by
+    # side: after its unmeasured first step each waits until all N are there, so none is
+    # timed while another is still importing torch (tests/distributed/test_pp_bubble.py)
+    start_together: str = ""
 
 
 def _toy_workload(settings: Settings):
@@ -169,6 +173,8 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
                              generator=generator).requires_grad_()
         before = time.process_time()
         strategy.train_step(model, (inputs, inputs), run, optimizer, precision)
+        if step == 0 and settings.start_together:
+            _wait_for_the_others(settings.start_together, rank)
         if step:  # the pipeline leaves the first step out as well
             cpu += time.process_time() - before
     report = strategy.report(model, run)
@@ -183,6 +189,23 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     if rank == 0:
         out.write_text(json.dumps(report))
     torch.distributed.destroy_process_group()
+
+
+def _wait_for_the_others(spec: str, rank: int, timeout_s: float = 120.0) -> None:
+    """Rank 0 says it is ready (a file in DIR) and waits for N such files; then both ranks
+    go on together. Polls every 10 ms: rank 0 then holds no core the others need."""
+    import torch.distributed as dist
+
+    folder, _, count = spec.rpartition(":")
+    if rank == 0:
+        Path(folder, f"ready-{os.getpid()}").touch()
+        deadline = time.monotonic() + timeout_s
+        while len(list(Path(folder).glob("ready-*"))) < int(count):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"--start-together {spec}: the others were not ready "
+                                   f"within {timeout_s:g} s")
+            time.sleep(0.01)
+    dist.barrier()
 
 
 def _free_port() -> int:
@@ -230,13 +253,16 @@ def main(argv: list[str] | None = None) -> int:
                         default=defaults.accelerator_forward_ms)
     parser.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b"])
     parser.add_argument("--microbatches", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--start-together", default="", metavar="DIR:N",
+                        help="time the steps side by side with N-1 other invocations")
     parser.add_argument("--out", type=Path, help="default: benchmarks/results/pp_bubble"
                         "[-accelerator].json")
     ns = parser.parse_args(argv)
     settings = Settings(width=ns.width, layers_per_stage=ns.layers_per_stage,
                         microbatch=ns.microbatch, steps=ns.steps, boundary=ns.boundary,
                         compute=ns.compute,
-                        accelerator_forward_ms=ns.accelerator_forward_ms)
+                        accelerator_forward_ms=ns.accelerator_forward_ms,
+                        start_together=ns.start_together)
     ns.out = ns.out or RESULTS[ns.compute]
     with tempfile.TemporaryDirectory() as scratch:
         results = run(settings, ns.schedules, ns.microbatches, Path(scratch))

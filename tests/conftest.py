@@ -55,7 +55,9 @@ def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
         except subprocess.TimeoutExpired as exc:
             _fail_timed_out([DDL, *args], timeout, cwd, exc.output, exc.stderr)
         if done is not None:
+            _log_cli("fork", args)
             return done
+    _log_cli("exec", args)
     return run_bounded([DDL, *args], cwd=cwd, env=full_env, timeout=timeout)
 
 
@@ -81,6 +83,12 @@ def run_bounded(cmd: list[str], *, timeout: float, cwd: Path | None = None,
         _kill_group(proc)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _log_cli(way: str, args) -> None:
+    if os.environ.get("DDL_TEST_CLI_LOG"):
+        with open(os.environ["DDL_TEST_CLI_LOG"], "a") as log:
+            log.write(f"{way} {os.environ.get('PYTEST_CURRENT_TEST', '')} {' '.join(args)[:80]}\n")
 
 
 def _fail_timed_out(cmd: list[str], timeout: float, cwd: Path | None, out: str | None,
