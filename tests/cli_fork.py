@@ -31,10 +31,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import rankpool
+
 NEEDS_EXEC = 121  # the fork's answer: this environment needs a fresh interpreter
 _FORKABLE_PREFIXES = ("DDL_", "PYTEST_")
 _FORKABLE_NAMES = {"OMP_NUM_THREADS"}
 _console_path: list[list[str]] = []
+fallbacks: list[str] = []  # the variables that sent each command to a fresh interpreter
 
 
 def enabled() -> bool:
@@ -45,8 +48,6 @@ def run(ddl: str, args: list[str], *, cwd: Path | None, env: dict[str, str],
         timeout: float) -> subprocess.CompletedProcess | None:
     """The finished command, or None when it must run in a fresh interpreter. Raises
     subprocess.TimeoutExpired (output attached) after killing its session."""
-    import rankpool
-
     context, server_env = rankpool.context(), rankpool.fork_server_env()
     with tempfile.TemporaryDirectory(prefix="ddl-cli-") as scratch:
         out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
@@ -69,9 +70,15 @@ def run(ddl: str, args: list[str], *, cwd: Path | None, env: dict[str, str],
             expired = subprocess.TimeoutExpired([ddl, *args], timeout, stdout, stderr)
             expired.pid = proc.pid  # its session's id
             raise expired
-    if proc.exitcode == NEEDS_EXEC and not stdout and not stderr:
+    if proc.exitcode == NEEDS_EXEC and not stdout and stderr.startswith("cli_fork: "):
+        fallbacks.append(stderr[len("cli_fork: "):].strip())  # why (DDL_TEST_CLI_LOG)
         return None
     return subprocess.CompletedProcess([ddl, *args], proc.exitcode, stdout, stderr)
+
+
+def forkable(key: str) -> bool:
+    """May this variable differ from the server's environment (read only at run time)?"""
+    return key in _FORKABLE_NAMES or key.startswith(_FORKABLE_PREFIXES)
 
 
 def _kill_session(pid: int, wait_s: float = 30.0) -> None:
@@ -125,8 +132,9 @@ def _become_ddl(ddl: str, args: list[str], cwd: str, env: dict[str, str],
     imported = {key: os.environ[key] for key in set(os.environ) - set(server_env)}
     changed = {key for key in set(env) | set(os.environ)
                if env.get(key, imported.get(key)) != os.environ.get(key)}
-    if any(key not in _FORKABLE_NAMES and not key.startswith(_FORKABLE_PREFIXES)
-           for key in changed):
+    if not all(map(forkable, changed)):
+        with open(err, "w") as why:
+            why.write(f"cli_fork: {', '.join(sorted(k for k in changed if not forkable(k)))}")
         os._exit(NEEDS_EXEC)
     env = {**imported, **env}
     os.setsid()  # its own session: a timeout kills it with its workers

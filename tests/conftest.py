@@ -57,7 +57,8 @@ def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
         if done is not None:
             _log_cli("fork", args)
             return done
-    _log_cli("exec", args)
+    _log_cli("exec" if fresh or not cli_fork.enabled() else
+             f"exec({cli_fork.fallbacks[-1] if cli_fork.fallbacks else '?'})", args)
     return run_bounded([DDL, *args], cwd=cwd, env=full_env, timeout=timeout)
 
 

@@ -167,6 +167,7 @@ PRELOAD = ["torch", "torch.distributed", "torchvision", "transformers", "dataset
            "ddl.worker.trainer", "ddl.commands.cli", "ddl.commands.train", "ddl.launch.local",
            "torch.distributed.launcher.api"]
 _server_env: list[dict[str, str]] = []
+_SESSION_ENV = dict(os.environ)  # at import: conftest imports this (via cli_fork) first
 
 
 def context():
@@ -178,8 +179,17 @@ def context():
     context = multiprocessing.get_context("forkserver")
     if not _server_env:
         context.set_forkserver_preload(PRELOAD)  # a module that fails to import is skipped
-        _server_env.append(dict(os.environ))  # what the server starts with
-        forkserver.ensure_running()
+        # The server starts with the session's environment, not that of the test that
+        # happens to start it (a PATH or HF_* of its own would follow every later fork).
+        during_test = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(_SESSION_ENV)
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(during_test)
+        _server_env.append(_SESSION_ENV)
     return context
 
 
