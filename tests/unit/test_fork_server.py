@@ -37,3 +37,39 @@ def test_a_running_thread_forbids_the_fork_and_is_named():
 def test_preload_names_hold_torch_and_the_trainer():
     names = fork_server.preload_names()
     assert names[:3] == ["torch", "torch.distributed", "ddl.worker.trainer"]
+
+
+def test_the_launcher_asks_torch_for_accelerators_only_after_forking_its_server(
+        monkeypatch, tmp_path):
+    """torch's LaunchConfig asks torch.accelerator.is_available(); on a machine with a GPU
+    driver that starts a CUDA driver thread (seen on an H100 machine with `--device cpu`),
+    and a launcher with a thread is not forked. No driver here, so the test records the
+    order of the two instead: the fork server first."""
+    import os
+
+    import torch
+    import torch.distributed.launcher.api as launcher_api
+
+    from ddl.launch import local
+
+    order: list[str] = []
+
+    class Launched(Exception):
+        pass
+
+    def elastic_launch(config, entry):
+        order.append("agent")
+        raise Launched
+
+    monkeypatch.setattr(torch.accelerator, "is_available",
+                        lambda: order.append("accelerator") or False)
+    monkeypatch.setattr(fork_server, "start", lambda cpu_only: order.append("fork server"))
+    monkeypatch.setattr(launcher_api, "elastic_launch", elastic_launch)
+    saved = dict(os.environ)
+    try:
+        with pytest.raises(Launched):
+            local.launch_local(tmp_path, nproc=2, cpu_only=True)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert order[0] == "fork server" and order[-1] == "agent", order

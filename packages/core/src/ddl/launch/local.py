@@ -48,9 +48,9 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
         finally:
             _restore(kept)
 
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     one_thread_per_rank()
     # The agent logs every failure at length; ddl reports the worker's own one-line error.
@@ -60,23 +60,12 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
             logging.getLogger(name).setLevel(logging.CRITICAL)
     # and the process context under it ("Terminating process N via signal SIGTERM")
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.CRITICAL)
-    agent_dir = tempfile.TemporaryDirectory(prefix="ddl-agent-", ignore_cleanup_errors=True)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                          run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
-                          monitor_interval=0.1,
-                          # SIGTERM and SIGUSR1 are ours (a clean stop); the agent stops the
-                          # workers at once on these:
-                          signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
-                          start_method="forkserver",
-                          # the agent's own folder (empty: output is not redirected), which
-                          # torch would leave in /tmp after every run; removed at the end
-                          logs_specs=DefaultLogsSpecs(log_dir=agent_dir.name))
     socket_folder.keep_short()  # the fork server's socket, under a long TMPDIR too
     started = time.time()
     # before the fork server starts: its workers inherit its environment
     os.environ[crash.LAUNCHER_REPORTS] = "1"  # workers leave the crash line to us
     os.environ[LAUNCHER_PID] = str(os.getpid())  # a worker checks it still has its launcher
+    agent_dir = tempfile.TemporaryDirectory(prefix="ddl-agent-", ignore_cleanup_errors=True)
     fork_server.start(cpu_only)
     kept = _handlers((signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP,
                       signal.SIGQUIT))
@@ -84,7 +73,11 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGUSR1, forward)
     try:
-        elastic_launch(config, forked)(str(run_dir))
+        # after the fork server: LaunchConfig asks torch.accelerator.is_available(), which on
+        # a machine with a GPU driver starts a CUDA driver thread in this process, and a
+        # process with threads is not forked (seen on an H100 machine, docs/measuring.md)
+        elastic_launch(_launch_config(nproc, max_restarts, agent_dir.name), forked)(
+            str(run_dir))
     except SignalException as exc:  # the agent has ended the workers by now
         if exc.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None  # `ddl: interrupted`, exit 130
@@ -112,6 +105,24 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
         os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+def _launch_config(nproc: int, max_restarts: int, agent_dir: str):
+    """torch's elastic agent settings for one machine: a c10d rendezvous on a free port."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                        run_id=str(uuid.uuid4()), rdzv_backend="c10d",
+                        rdzv_endpoint="127.0.0.1:0", max_restarts=max_restarts,
+                        monitor_interval=0.1,
+                        # SIGTERM and SIGUSR1 are ours (a clean stop); the agent stops the
+                        # workers at once on these:
+                        signals_to_handle="SIGINT,SIGHUP,SIGQUIT",
+                        start_method="forkserver",
+                        # the agent's own folder (empty: output is not redirected), which
+                        # torch would leave in /tmp after every run; removed at the end
+                        logs_specs=DefaultLogsSpecs(log_dir=agent_dir))
 
 
 def one_thread_per_rank() -> None:
