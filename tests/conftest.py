@@ -183,3 +183,22 @@ def rank_pools():
 
     yield pools()
     pools().close_all()
+
+
+def _restoring_environment():
+    """os.environ as it was before, once the test (or module) is done. ddl code run in this
+    process sets variables for itself (the XSum plugin's HF_*, TRANSFORMERS_VERBOSITY);
+    left behind, they would make every later `ddl` command of this worker differ from the
+    fork server's environment and start a fresh interpreter instead (tests/cli_fork.py)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# Module scope too: a module's fixtures (synthetic XSum written in this process) run before
+# the per-test one takes its copy.
+_module_environment_restored = pytest.fixture(scope="module", autouse=True)(
+    _restoring_environment)
+_environment_restored = pytest.fixture(autouse=True)(_restoring_environment)

@@ -25,6 +25,9 @@ def _run_benchmark(script: str, out, *args: str, timeout: float,
     return json.loads(out.read_text())
 
 
+# serial: a benchmark of times, and seven processes that import torch; beside two other
+# test workers on 2 cores it took 85-97 s, alone ~30 s
+@pytest.mark.serial
 def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
     result = _run_benchmark("overhead.py", tmp_path / "overhead.json", "--workloads", "mnist",
                             "--rounds", "1", "--steps", "3", timeout=900)
