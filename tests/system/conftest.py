@@ -139,10 +139,13 @@ def cpu_wheelhouse(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def image(runtime_env, cpu_wheelhouse, tmp_path_factory) -> Path:
     """The CPU image, built through `ddl container build` as docs/containers.md says
-    (wheelhouse by scripts/build-wheelhouse.sh --torch --offline: no package index)."""
+    (wheelhouse by scripts/build-wheelhouse.sh --torch --offline: no package index), its
+    `%test` left to `apptainer test` in test_container.py rather than run twice."""
     sif = tmp_path_factory.mktemp("image") / "ddl-cpu.sif"
     build = run_ddl("container", "build", "--target", "cpu", "--base", str(BASE),
                     "--wheelhouse", str(cpu_wheelhouse), "--offline", "--no-compress",
+                    # the image's %test runs in test_apptainer_test_runs_the_smoke_check
+                    "--no-test",
                     "--build-arg", "TORCH=" + " ".join(CPU_TORCH),
                     "--output", str(sif), cwd=REPO, env=runtime_env, timeout=2400)
     assert build.returncode == 0, build.stderr[-5000:]
