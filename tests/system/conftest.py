@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,24 @@ def runtime_env() -> dict[str, str]:
     return env
 
 
+@contextmanager
+def first_in_line():
+    """The image build (wheelhouse, then `ddl container build`) is what every container
+    test waits on, and it ran beside the Slurm tests' trainings on the other worker: 60 s
+    alone, 100-124 s beside them. Where this process may raise its priority (root: CI),
+    it and what it starts run at nice -10 until the build is done; elsewhere nothing
+    changes. The CPU work is the same; the other worker's tests get it after the build."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except PermissionError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+
+
 @pytest.fixture(scope="session")
 def cpu_wheelhouse(tmp_path_factory) -> Path:
     """scripts/build-wheelhouse.sh's offline wheelhouse with the CPU torch pair in place of
@@ -118,7 +137,7 @@ def cpu_wheelhouse(tmp_path_factory) -> Path:
     wheelhouse is this lock's cache entry; this clone's ddl wheels replace the previous
     ones there while it is held."""
     wheelhouse = tmp_path_factory.mktemp("wheelhouse-cpu")
-    with held(WHEELHOUSE):
+    with held(WHEELHOUSE), first_in_line():
         wheels = run_bounded([str(REPO / "scripts" / "build-wheelhouse.sh"), "--torch",
                               "--offline", str(WHEELHOUSE)], timeout=1800)
         assert wheels.returncode == 0, wheels.stderr
@@ -142,12 +161,14 @@ def image(runtime_env, cpu_wheelhouse, tmp_path_factory) -> Path:
     (wheelhouse by scripts/build-wheelhouse.sh --torch --offline: no package index), its
     `%test` left to `apptainer test` in test_container.py rather than run twice."""
     sif = tmp_path_factory.mktemp("image") / "ddl-cpu.sif"
-    build = run_ddl("container", "build", "--target", "cpu", "--base", str(BASE),
-                    "--wheelhouse", str(cpu_wheelhouse), "--offline", "--no-compress",
-                    # the image's %test runs in test_apptainer_test_runs_the_smoke_check
-                    "--no-test",
-                    "--build-arg", "TORCH=" + " ".join(CPU_TORCH),
-                    "--output", str(sif), cwd=REPO, env=runtime_env, timeout=2400)
+    with first_in_line():  # fresh=True: a command forked from the server has its nice
+        build = run_ddl("container", "build", "--target", "cpu", "--base", str(BASE),
+                        "--wheelhouse", str(cpu_wheelhouse), "--offline", "--no-compress",
+                        # the image's %test runs in test_apptainer_test_runs_the_smoke_check
+                        "--no-test",
+                        "--build-arg", "TORCH=" + " ".join(CPU_TORCH),
+                        "--output", str(sif), cwd=REPO, env=runtime_env, timeout=2400,
+                        fresh=True)
     assert build.returncode == 0, build.stderr[-5000:]
     assert f"ddl: built {sif}" in build.stdout
     yield sif
