@@ -41,12 +41,17 @@ _ddl_install() (
     local lock=requirements.lock editables=() install=(install --root-user-action=ignore)
     mapfile -t editables < <(sed -n 's/^-e[[:space:]]\{1,\}/-e\n/p' requirements-dev.txt)
     if "$DDL_VENV/bin/python" scripts/lock.py check-python --lock "$lock"; then
-        _ddl_pip "${install[@]}" --require-hashes -r "$lock" || return 1
+        _ddl_pip "${install[@]}" --no-compile --require-hashes -r "$lock" || return 1
         _ddl_pip "${install[@]}" --no-deps --no-build-isolation "${editables[@]}" || return 1
     else
-        _ddl_pip "${install[@]}" -c <("$DDL_VENV/bin/python" scripts/lock.py constraints \
-            --all --lock "$lock") -r requirements-dev.txt || return 1
+        _ddl_pip "${install[@]}" --no-compile -c <("$DDL_VENV/bin/python" scripts/lock.py \
+            constraints --all --lock "$lock") -r requirements-dev.txt || return 1
     fi
+    # pip byte-compiles the ~14k files one at a time (43 s of the set-up here); compileall
+    # uses every core (25 s on 2). Like pip, a file that does not compile is left as is.
+    "$DDL_VENV/bin/python" -m compileall -q -q -j 0 \
+        "$("$DDL_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+        || true
     if ! problems="$("$DDL_VENV/bin/python" -m pip check 2>&1)"; then
         echo "$problems" >&2
         echo "ddl: the packages in $DDL_VENV do not fit together (above): update" \
