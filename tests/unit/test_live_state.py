@@ -102,8 +102,10 @@ class Terminal(io.StringIO):
 
 
 def test_a_bar_on_a_terminal(capsys, monkeypatch):
+    # progress.shutil is the stdlib module pytest's own terminal writer calls too (-v):
+    # the stand-in takes its arguments
     monkeypatch.setattr(progress.shutil, "get_terminal_size",
-                        lambda: os.terminal_size((80, 24)))
+                        lambda *args, **kwargs: os.terminal_size((80, 24)))
     stream = Terminal()
     shown = Progress(True, log_every=5, steps_per_epoch=10, epochs=2, global_batch=64,
                      stream=stream)
