@@ -62,7 +62,7 @@ def run(ddl: str, args: list[str], *, cwd: Path | None, env: dict[str, str],
             timed_out = proc.exitcode is None
         finally:
             if proc.exitcode is None:  # timed out, or the test was ended around us
-                _kill_session(proc.pid)
+                kill_session(proc.pid)
                 proc.join(30)
         stdout = out.read_text(errors="replace") if out.exists() else ""
         stderr = err.read_text(errors="replace") if err.exists() else ""
@@ -81,7 +81,7 @@ def forkable(key: str) -> bool:
     return key in _FORKABLE_NAMES or key.startswith(_FORKABLE_PREFIXES)
 
 
-def _kill_session(pid: int, wait_s: float = 30.0) -> None:
+def kill_session(pid: int, wait_s: float = 30.0) -> None:
     """SIGKILL the command's session (launcher, fork server, workers) and wait, up to
     ``wait_s``, until none of it is left (SIGKILL takes effect asynchronously)."""
     deadline = time.monotonic() + wait_s
@@ -97,20 +97,20 @@ def _kill_session(pid: int, wait_s: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def session_of(pid: int) -> int | None:
+    """The session id of a live (not zombie) process, None when there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, _, _, sid = stat.rsplit(")", 1)[1].split()[:4]  # state ppid pgrp session
+    return None if state == "Z" else int(sid)
+
+
 def session_members(session: int) -> list[int]:
     """The live (not zombie) processes of a session, from /proc."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        state, _, _, sid = stat.rsplit(")", 1)[1].split()[:4]  # state ppid pgrp session
-        if state != "Z" and int(sid) == session:
-            members.append(int(name))
-    return members
+    return [int(name) for name in os.listdir("/proc")
+            if name.isdigit() and session_of(int(name)) == session]
 
 
 def _sys_path(ddl: str) -> list[str]:

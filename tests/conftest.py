@@ -107,6 +107,23 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def end_session(proc: subprocess.Popen, workers: list[int] = ()) -> None:
+    """After a test: kill what is left of a command started with start_new_session=True,
+    then reap it. Only by numbers that are still the command's: its pid (the session's id)
+    while it is unreaped, and a worker while it is in that session. A reaped pid is free
+    for reuse, and this suite goes round pid_max (32768, threads included) within minutes;
+    kill() of a reused thread id ends that thread's whole process (a rank pool's, seen)."""
+    if proc.returncode is None:
+        cli_fork.kill_session(proc.pid)
+    for pid in workers:
+        if cli_fork.session_of(pid) == proc.pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    proc.communicate()
+
+
 def _tail(text: str | None, lines: int = 40) -> str:
     return "\n".join((text or "").splitlines()[-lines:]) or "<nothing>"
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -74,6 +75,13 @@ class RankPool:
         from multiprocessing.connection import wait
 
         self._start()
+        gone = [(rank, proc.exitcode) for rank, proc in enumerate(self._procs)
+                if not proc.is_alive()]
+        if gone:  # ended between cells: the cell has not been sent; run it on a fresh pool
+            print(f"rankpool: ranks (rank, exit code) {gone} of the pool of {self.size} "
+                  "ended since its last cell; starting a fresh pool", file=sys.stderr)
+            self.close(kill=True)
+            self._start()
         payload = pickle.dumps((cell, args, kwargs))
         self._busy = True
         for rank, conn in enumerate(self._conns):

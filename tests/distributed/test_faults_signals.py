@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import DDL, live_workers, run_ddl
+from conftest import DDL, end_session, live_workers, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -80,12 +80,7 @@ def cleanup():
     procs: list[tuple[subprocess.Popen, Path]] = []
     yield procs
     for proc, run_dir in procs:
-        for pid in [proc.pid, *_workers(run_dir)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.communicate()
+        end_session(proc, _workers(run_dir))
 
 
 def _none_outlive(workers: list[int], limit: float = 30) -> None:

@@ -1,10 +1,12 @@
 """The persistent rank pools (tests/rankpool.py) the equivalence cells run on: every rank runs
 a cell, a failure names its rank and the exception, a hang ends by the timeout naming the
-ranks that did not answer, and after either the next cell runs on a fresh pool."""
+ranks that did not answer, and after either the next cell runs on a fresh pool, as it does
+when a rank ended between cells."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -90,6 +92,19 @@ def test_failing_cell_names_rank_and_exception_and_the_pool_recovers(rank_pools)
     results = pool.run(whoami)  # the next cell on the same world size
     assert [r["sum"] for r in results] == [1.0, 1.0]
     assert pool.starts == starts + 1 and not set(pool.pids()) & set(old_pids)
+
+
+def test_a_rank_ended_between_cells_is_replaced_before_the_next_cell(rank_pools, capfd):
+    """Between cells nothing has been sent: the cell runs on a fresh pool instead of
+    failing for what happened before it (stderr says which rank had gone, and how)."""
+    pool = rank_pools[2]
+    pool.run(whoami)
+    old_pids, starts = pool.pids(), pool.starts
+    os.kill(old_pids[1], signal.SIGKILL)  # alive and the pool's own: the pid is not reused
+    pool._procs[1].join(30)
+    assert [r["sum"] for r in pool.run(whoami)] == [1.0, 1.0]
+    assert pool.starts == starts + 1 and not set(pool.pids()) & set(old_pids)
+    assert "ranks (rank, exit code) [(1, -9)] of the pool of 2 ended" in capfd.readouterr().err
 
 
 def test_hang_ends_by_the_timeout_and_names_the_missing_ranks(rank_pools):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DDL, live_workers, run_ddl
+from conftest import DDL, end_session, live_workers, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -77,12 +77,7 @@ def start():
 
     yield _start
     for proc in started:
-        for pid in [proc.pid, *_descendants(proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.communicate()
+        end_session(proc)
 
 
 def _first_checkpoint(run_dir):
