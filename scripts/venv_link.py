@@ -34,7 +34,7 @@ def shebang(python: Path) -> str:
     return f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\n"
 
 
-def is_python_script(text: bytes, cached_python_dir: Path) -> int:
+def shebang_lines(text: bytes, cached_python_dir: Path) -> int:
     """How many leading lines name the cached venv's Python (0: not a script of it)."""
     prefix = str(cached_python_dir).encode()
     lines = text.split(b"\n", 3)
@@ -51,7 +51,7 @@ def link_scripts(cached: Path, venv: Path) -> None:
             continue
         target = venv / "bin" / script.name
         data = script.read_bytes()
-        skip = is_python_script(data, cached / "bin")
+        skip = shebang_lines(data, cached / "bin")
         if not skip:  # a binary (shellcheck) or a shell script that names no Python
             os.link(script, target)
             continue
