@@ -14,9 +14,10 @@ What a fork cannot give is an import made under another environment: libraries r
 some variables when imported (PYTHONPATH, HF_*, TORCH_*, ...). So the fork compares the
 environment asked for with the one the server started with; if anything but
 OMP_NUM_THREADS (read by each run's thread rule, not at import), a DDL_* setting (read
-at run time) or pytest's PYTEST_* differs, it exits with NEEDS_EXEC and the command runs in a fresh interpreter
-instead. Commands whose point is a fresh interpreter (``ddl --help`` imports no torch)
-pass ``fresh=True``; DDL_TEST_CLI=exec runs every command that way.
+at run time), pytest's PYTEST_* or a shell's PWD, OLDPWD, SHLVL and _ differs, it exits
+with NEEDS_EXEC and the command runs in a fresh interpreter instead. Commands whose point
+is a fresh interpreter (``ddl --help`` imports no torch) pass ``fresh=True``;
+DDL_TEST_CLI=exec runs every command that way.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import rankpool
 
 NEEDS_EXEC = 121  # the fork's answer: this environment needs a fresh interpreter
 _FORKABLE_PREFIXES = ("DDL_", "PYTEST_")
-_FORKABLE_NAMES = {"OMP_NUM_THREADS"}
+# OMP_NUM_THREADS is read by each run's thread rule; the rest is a shell's bookkeeping,
+# which no import reads (a `./ddl` relayed from a bash script: tests/cli_relay.py).
+_FORKABLE_NAMES = {"OMP_NUM_THREADS", "PWD", "OLDPWD", "SHLVL", "_"}
 _console_path: list[list[str]] = []
 fallbacks: list[str] = []  # the variables that sent each command to a fresh interpreter
 

@@ -49,6 +49,13 @@ def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
     # 8e-3 in three SGD steps (measured on an AMD EPYC host), failing 1e-5 comparisons for a
     # reason that is not ddl's. (The pytest process itself keeps torch's default.)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return run_ddl_as(list(args), env=full_env, cwd=cwd, timeout=timeout, fresh=fresh)
+
+
+def run_ddl_as(args: list[str], *, env: dict[str, str], cwd: Path | None = None,
+               timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`ddl ARGS` in exactly the environment ``env``, as run_ddl runs it."""
+    full_env = env
     if not fresh and cli_fork.enabled():
         try:
             done = cli_fork.run(DDL, list(args), cwd=cwd, env=full_env, timeout=timeout)
@@ -170,13 +177,28 @@ def mnist_copy(synthetic_mnist, tmp_path) -> Path:
     return target
 
 
+# The shared XSum's splits: `ddl prepare --synthetic`'s 1500 training articles (the same
+# articles and tokenizer) but 48 validation and 48 test articles, not 300 each. Its tests
+# compare layouts with each other on 3 steps, and evaluating 600 articles was ~12 s of the
+# 3-D run's 30 on 8 ranks (2026-11-27). 48 divides among 1, 2, 3, 4, 6 and 8 replicas.
+SHARED_XSUM_SIZES = {"train": 1500, "validation": 48, "test": 48}
+
+
 @pytest.fixture(scope="session")
 def synthetic_xsum(tmp_path_factory) -> Path:
-    """XSum prepared once per session by the real CLI (synthetic articles, a locally trained
-    tokenizer, t5-tiny's config); for tests that only read it."""
+    """XSum written once per session as `ddl prepare --plugin xsum --synthetic` writes it
+    (synthetic articles, a tokenizer trained on them, t5-tiny's config), with the splits
+    above; for tests that only read it. (The command itself: test_xsum_train.py and the
+    tutorial's blocks.)"""
+    from ddl_xsum import synthetic
+
     root = tmp_path_factory.mktemp("xsum-data")
-    proc = run_ddl("prepare", "--plugin", "xsum", "--synthetic", "--data-dir", str(root))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = dict(os.environ)  # it sets HF_* offline variables: not for this worker's commands
+    try:
+        synthetic.write_synthetic(root, sizes=SHARED_XSUM_SIZES)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return root
 
 

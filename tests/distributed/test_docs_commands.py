@@ -4,7 +4,9 @@ A page marks a fenced shell block with the comment `<!-- runnable-on-cpu -->` on
 before it (Markdown keeps the comment; the rendered page hides it). Blocks run in page
 order, each block as one `bash -e` script, in a fresh directory where `./ddl` is this venv's
 ddl (the repository's `./ddl` wrapper would create or check .venv first; the tests already
-run inside it). Several ranks train over gloo, hence the distributed marker.
+run inside it), relayed to the pytest process's fork server as any test's `ddl` command
+runs (tests/cli_relay.py: no fresh interpreter importing torch per command). Several ranks
+train over gloo, hence the distributed marker.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+import cli_relay
+from conftest import DDL, REPO
 
 pytestmark = pytest.mark.distributed
 
@@ -44,10 +46,21 @@ def test_marker_extraction():
         runnable_blocks(f"{MARKER}\n\n```sh\nx\n```\n")
 
 
-def _ddl_wrapper(directory: Path) -> None:
-    ddl = directory / "ddl"
-    ddl.write_text(f'#!/bin/sh\nexec "{Path(sys.executable).with_name("ddl")}" "$@"\n')
-    ddl.chmod(0o755)
+def test_relayed_ddl_answers_as_the_console_script(tmp_path):
+    """The blocks' `./ddl` (tests/cli_relay.py) gives a script what the console script gives:
+    stdout, stderr, exit code and a redirection (commands that import no torch: the
+    comparison runs each twice)."""
+    cli_relay.write_ddl(tmp_path)
+    script = './ddl plugins > listed.txt; ./ddl train --nproc 0 || echo "exit $?"'
+    relayed = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    listed = (tmp_path / "listed.txt").read_text()
+    (tmp_path / "ddl").write_text(f'#!/bin/sh\nexec "{DDL}" "$@"\n')
+    direct = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert (relayed.stdout, relayed.stderr) == (direct.stdout, direct.stderr)
+    assert relayed.stdout == "exit 2\n" and "--nproc" in relayed.stderr, relayed
+    assert listed == (tmp_path / "listed.txt").read_text() and "xsum" in listed
 
 
 def _run_block(page: str, block: str, cwd: Path) -> None:
@@ -60,7 +73,7 @@ def _run_block(page: str, block: str, cwd: Path) -> None:
 def test_marked_commands_run(page, tmp_path):
     blocks = runnable_blocks((REPO / page).read_text())
     assert blocks, f"{page} marks no runnable block"
-    _ddl_wrapper(tmp_path)
+    cli_relay.write_ddl(tmp_path)
     for block in blocks:
         _run_block(page, block, tmp_path)
 
@@ -73,7 +86,7 @@ def prepared(tmp_path_factory):
     def directory(page: str) -> Path:
         if page not in made:
             made[page] = tmp_path_factory.mktemp("page")
-            _ddl_wrapper(made[page])
+            cli_relay.write_ddl(made[page])
             _run_block(page, runnable_blocks((REPO / page).read_text())[0], made[page])
         return made[page]
 
