@@ -4,6 +4,10 @@
 seconds, and CPU seconds (user + system) of the pytest process, of the subprocesses it
 reaped during the phase (a `ddl train` and its workers), and of this worker's rank pools.
 On 2 cores the wall times of a parallel run mostly measure the neighbours; CPU does not.
+Commands forked from the fork server (tests/cli_fork.py) are the server's children, not
+this process's: neither count sees them. `cpu_machine` does (every core's busy time, from
+/proc/stat) but counts the neighbours too: exact only in a run of one worker on an
+otherwise idle machine (`DDL_TEST_CPU_REPORT=FILE ./run-tests -p no:xdist ...`).
 """
 
 from __future__ import annotations
@@ -35,11 +39,18 @@ def _pool_cpu() -> float:
     return total
 
 
-def _sample() -> tuple[float, float, float, float]:
+def _machine_busy() -> float:
+    """CPU seconds every core has spent busy since boot (not idle, not waiting on I/O)."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / _TICK
+
+
+def _sample() -> tuple[float, float, float, float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (time.monotonic(), own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime,
-            _pool_cpu())
+            _pool_cpu(), _machine_busy())
 
 
 class CpuReport:
@@ -62,10 +73,11 @@ class CpuReport:
         before = _sample()
         yield
         after = _sample()
-        wall, own, kids, pool = (b - a for a, b in zip(before, after))
+        wall, own, kids, pool, machine = (b - a for a, b in zip(before, after))
         line = {"test": item.nodeid, "phase": phase, "wall": round(wall, 2),
                 "cpu_self": round(own, 2), "cpu_children": round(kids, 2),
-                "cpu_pool": round(pool, 2), "pid": os.getpid()}
+                "cpu_pool": round(pool, 2), "cpu_machine": round(machine, 2),
+                "pid": os.getpid()}
         with open(self.path, "a") as out:
             out.write(json.dumps(line) + "\n")
 
