@@ -241,3 +241,14 @@ def _restoring_environment():
 _module_environment_restored = pytest.fixture(scope="module", autouse=True)(
     _restoring_environment)
 _environment_restored = pytest.fixture(autouse=True)(_restoring_environment)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist worksteal` (./run-tests): worksteal that keeps costly modules on one worker
+    (tests/worker_schedule.py)."""
+    if config.getvalue("dist") != "worksteal":
+        return None
+    from worker_schedule import ModuleKeepingWorkStealing
+
+    return ModuleKeepingWorkStealing(config, log)
