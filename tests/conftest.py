@@ -55,10 +55,9 @@ def run_ddl(*args: str, cwd: Path | None = None, env: dict | None = None,
 def run_ddl_as(args: list[str], *, env: dict[str, str], cwd: Path | None = None,
                timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess:
     """`ddl ARGS` in exactly the environment ``env``, as run_ddl runs it."""
-    full_env = env
     if not fresh and cli_fork.enabled():
         try:
-            done = cli_fork.run(DDL, list(args), cwd=cwd, env=full_env, timeout=timeout)
+            done = cli_fork.run(DDL, list(args), cwd=cwd, env=env, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             _fail_timed_out([DDL, *args], timeout, cwd, exc.output, exc.stderr)
         if done is not None:
@@ -66,7 +65,7 @@ def run_ddl_as(args: list[str], *, env: dict[str, str], cwd: Path | None = None,
             return done
     _log_cli("exec" if fresh or not cli_fork.enabled() else
              f"exec({cli_fork.fallbacks[-1] if cli_fork.fallbacks else '?'})", args)
-    return run_bounded([DDL, *args], cwd=cwd, env=full_env, timeout=timeout)
+    return run_bounded([DDL, *args], cwd=cwd, env=env, timeout=timeout)
 
 
 def run_bounded(cmd: list[str], *, timeout: float, cwd: Path | None = None,
