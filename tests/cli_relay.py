@@ -48,10 +48,11 @@ sys.exit(reply["code"])
 '''
 
 
-def write_ddl(directory: Path) -> Path:
-    """DIRECTORY/ddl: the relay's client, or with DDL_TEST_CLI=exec this venv's ddl."""
+def write_ddl(directory: Path, relay: bool | None = None) -> Path:
+    """DIRECTORY/ddl: the relay's client, or (``relay=False``, default under
+    DDL_TEST_CLI=exec) a wrapper that execs this venv's ddl."""
     ddl = directory / "ddl"
-    if cli_fork.enabled():
+    if cli_fork.enabled() if relay is None else relay:
         ddl.write_text(CLIENT.format(python=sys.executable, address=_listening()))
     else:
         ddl.write_text(f'#!/bin/sh\nexec "{Path(sys.executable).with_name("ddl")}" "$@"\n')

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import cli_relay
-from conftest import DDL, REPO
+from conftest import REPO
 
 pytestmark = pytest.mark.distributed
 
@@ -55,7 +55,7 @@ def test_relayed_ddl_answers_as_the_console_script(tmp_path):
     relayed = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120)
     listed = (tmp_path / "listed.txt").read_text()
-    (tmp_path / "ddl").write_text(f'#!/bin/sh\nexec "{DDL}" "$@"\n')
+    cli_relay.write_ddl(tmp_path, relay=False)
     direct = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert (relayed.stdout, relayed.stderr) == (direct.stdout, direct.stderr)
