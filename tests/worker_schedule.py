@@ -58,7 +58,8 @@ class ModuleKeepingWorkStealing(WorkStealingScheduling):
         super()._send_tests(node, num)
 
     def check_schedule(self) -> None:
-        """worksteal's check_schedule, with the steal cut where nearest_cut allows."""
+        """worksteal's check_schedule, with the steal cut where nearest_cut allows (xdist
+        computes its cut inside this method, so the method is repeated here whole)."""
         nodes_up = [NodePending(node, pending) for node, pending in self.node2pending.items()
                     if not node.shutting_down]
 
