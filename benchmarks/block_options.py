@@ -128,8 +128,17 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2, help="samples per step (default 2)")
     parser.add_argument("--parts", default="memory,compile",
                         help="which measurements (default: memory,compile)")
+    parser.add_argument("--data-dir", action="append", default=[], metavar="PLUGIN=DIR",
+                        help="use this prepared data for PLUGIN (repeatable; default: a fresh "
+                        "synthetic copy of each)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    given = {}
+    for item in args.data_dir:
+        plugin, sep, where = item.partition("=")
+        if not sep or not where:
+            parser.error(f"--data-dir {item!r}: expected PLUGIN=DIR, e.g. xsum=data/xsum")
+        given[plugin] = Path(where)
     parts = set(args.parts.split(","))
     import torch
 
@@ -141,7 +150,7 @@ def main() -> int:
     result: dict = {"benchmark": "block_options", "machine": describe(), "quick": args.quick,
                     "threads": 1, "activation_memory": {}, "compile": {}}
     with tempfile.TemporaryDirectory(prefix="ddl-block-options-") as tmp:
-        data = {p: _prepare(p, Path(tmp))
+        data = {p: given[p] if p in given else _prepare(p, Path(tmp))
                 for p in {"xsum", "imagewoof", *(c[0] for c in compile_cases)}}
         for plugin, preset in memory_cases:
             result["activation_memory"][plugin] = activation_memory(plugin, preset, args.batch,

@@ -42,6 +42,7 @@ def main() -> int:
     torch.set_num_threads(1)  # like one rank of a local run; workers are the variable
     from ddl.contract.plugins import Plugins
     from ddl_imagewoof.bench import dataset_throughput
+    from ddl_imagewoof.data import is_synthetic
 
     spec = Plugins().workload("imagewoof")
     preset = spec.presets[args.preset]
@@ -55,6 +56,7 @@ def main() -> int:
         # the preset's own pipeline (image size, augmentation, sample limits); the timing is
         # the plugin's, so this benchmark and the plugin's function measure the same way
         train = workload.datasets(data_dir)["train"]
+        synthetic = is_synthetic(data_dir)  # a --data-dir may hold either
         rows = []
         for workers in (int(w) for w in args.workers.split(",")):
             rate = dataset_throughput(train, workers, args.batches,
@@ -65,7 +67,7 @@ def main() -> int:
                   f"({rate / max(workers, 1):.0f} per worker)", flush=True)
     result = {"benchmark": "data_loading", "workload": "imagewoof", "preset": args.preset,
               "image_size": workload.image_size, "batch_size": preset.batch_size,
-              "batches": args.batches, "synthetic": args.data_dir is None, "runs": rows,
+              "batches": args.batches, "synthetic": synthetic, "runs": rows,
               "machine": describe()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

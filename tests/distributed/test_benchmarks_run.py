@@ -50,20 +50,24 @@ def test_cli_startup_benchmark_writes_medians(tmp_path):
         assert len(row["runs_s"]) == 3 and row["min_s"] <= row["median_s"] <= row["max_s"]
 
 
-def test_data_loading_benchmark_reports_images_per_second(tmp_path):
+def test_data_loading_benchmark_reports_images_per_second(tmp_path, synthetic_imagewoof):
     result = _run_benchmark("data_loading.py", tmp_path / "loading.json", "--preset", "tiny",
-                            "--workers", "0,1", "--batches", "2", timeout=300,
+                            "--workers", "0,1", "--batches", "2", "--data-dir",
+                            str(synthetic_imagewoof), timeout=300,
                             exit_codes=(0,))  # no target: any failure is a failure
     assert [r["workers"] for r in result["runs"]] == [0, 1]
     assert all(r["images_per_s"] > 0 for r in result["runs"]) and result["synthetic"]
     assert result["benchmark"] == "data_loading" and result["batch_size"] > 0
 
 
-def test_block_options_benchmark_reports_activation_memory(tmp_path):
+def test_block_options_benchmark_reports_activation_memory(tmp_path, synthetic_xsum,
+                                                          synthetic_imagewoof):
     """Memory part only (the compile part's inductor builds take a minute on a cold cache;
-    tests/distributed/test_block_options.py compiles through the trainer instead)."""
+    tests/distributed/test_block_options.py compiles through the trainer instead), on the
+    run's shared synthetic sets (its own `ddl prepare` of each was 11 of its 22 CPU s)."""
     result = _run_benchmark("block_options.py", tmp_path / "block.json", "--quick", "--parts",
-                            "memory", timeout=600)
+                            "memory", "--data-dir", f"xsum={synthetic_xsum}", "--data-dir",
+                            f"imagewoof={synthetic_imagewoof}", timeout=600)
     for plugin in ("xsum", "imagewoof"):
         saved = result["activation_memory"][plugin]["saved_for_backward_bytes"]
         assert set(saved) == {"none", "full", "selective"} and min(saved.values()) > 0

@@ -194,27 +194,21 @@ def test_checks_elsewhere_exist():
 # --- the runs ----------------------------------------------------------------------------
 
 class _DataDirs(dict):
-    """Synthetic data per workload, made by the real CLI when a run first needs it."""
+    """Synthetic data per workload, the run's shared copy (conftest.synthetic_<workload>,
+    as `ddl prepare --synthetic` writes it), asked for when a run first needs it."""
 
-    def __init__(self, tmp_path_factory, request, mnist):
-        super().__init__(mnist=mnist)
-        self.factory = tmp_path_factory
+    def __init__(self, request):
+        super().__init__()
         self.request = request
 
     def __missing__(self, workload):
-        if workload == "xsum":  # the session's copy, shared with the other xsum tests
-            self[workload] = self.request.getfixturevalue("synthetic_xsum")
-            return self[workload]
-        root = self.factory.mktemp(f"{workload}-data")
-        proc = run_ddl("prepare", "--plugin", workload, "--synthetic", "--data-dir", str(root))
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        self[workload] = root
-        return root
+        self[workload] = self.request.getfixturevalue(f"synthetic_{workload}")
+        return self[workload]
 
 
 @pytest.fixture(scope="module")
-def data_dirs(tmp_path_factory, request, synthetic_mnist):
-    return _DataDirs(tmp_path_factory, request, synthetic_mnist)
+def data_dirs(request):
+    return _DataDirs(request)
 
 
 CELL_TIMEOUT_S = 300  # the slowest cell (xsum, 4 ranks) takes ~30 s on a loaded machine

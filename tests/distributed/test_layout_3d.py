@@ -108,7 +108,7 @@ def test_bad_meshes_are_refused_before_workers_start(tmp_path, synthetic_xsum, m
 
 
 @pytest.mark.parametrize("setup", ["cifar-pp", "imagewoof-pp"])
-def test_resnet_pipeline_shards_as_it_replicates(tmp_path_factory, rank_pools, setup):
+def test_resnet_pipeline_shards_as_it_replicates(tmp_path_factory, request, rank_pools, setup):
     """pp=2 x dp_shard=2 on a ResNet (FSDP inside each stage) ends where pp=2 x
     dp_replicate=2 ends: the same samples reach the same ghost-BatchNorm groups (8 samples
     = one microbatch) in both, which one process's groups are not (the sampler deals
@@ -117,10 +117,7 @@ def test_resnet_pipeline_shards_as_it_replicates(tmp_path_factory, rank_pools, s
     from test_equivalence_matrix import SETUPS
 
     config = SETUPS[setup]
-    data_dir = tmp_path_factory.mktemp(f"{config.workload}-data")
-    prepared = run_ddl("prepare", "--plugin", config.workload, "--synthetic", "--data-dir",
-                   str(data_dir))
-    assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    data_dir = request.getfixturevalue(f"synthetic_{config.workload}")
     common = ["--data-dir", str(data_dir), "--microbatches", "2"]
     runs = {}
     for name, layout in {"sharded": ("--mesh", "pp=2,dp_shard=2"),
