@@ -218,10 +218,17 @@ def measure(settings: Settings, schedule: str, microbatches: int, scratch: Path)
     """One pipeline run on ``settings.stages`` local processes; pp.py's report."""
     import torch.multiprocessing as mp
 
+    # Forked, not spawned, from a parent that has imported what the workers need (and run
+    # no torch op, so no thread pool is copied half-made): a spawned worker imported torch
+    # and ddl again, 2 of the 3 imports of each run, which made up most of the test's
+    # start-up with three runs side by side on 2 cores (tests/distributed/test_pp_bubble.py).
+    import ddl.worker.distributed  # noqa: F401
+    import ddl_strategies.shorthands  # noqa: F401
+
     out = scratch / f"{schedule}-{microbatches}.json"
     start = time.perf_counter()
     mp.start_processes(_worker, args=(settings, schedule, microbatches, _free_port(), out),
-                       nprocs=settings.stages, start_method="spawn")
+                       nprocs=settings.stages, start_method="fork")
     report = json.loads(out.read_text())
     report["run_time_s"] = round(time.perf_counter() - start, 2)
     report["ratio"] = report["bubble_measured"] / report["bubble_theory"]

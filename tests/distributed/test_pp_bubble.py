@@ -49,8 +49,9 @@ ACCELERATOR_RUNS = [("gpipe", 4, 1), ("1f1b", 8, 1), ("interleaved1f1b", 4, 2)]
 def accelerator_rows(tmp_path_factory):
     """The three accelerator-compute runs side by side (each holds the host in sleeps, so
     they share the two cores without waiting for them: side by side 1.0-3.2 % above theory
-    in 3 runs, alone 1-5 %), their timed steps started together (--start-together): 27 s,
-    not 53 s one after the other. A run that fails stops the others."""
+    in 3 runs, alone 1-5 %), their timed steps started together (--start-together): 22 s
+    (27 s while the workers were spawned, not forked), not 53 s one after the other. A run
+    that fails stops the others."""
     where = tmp_path_factory.mktemp("bubble")
     procs = {}
     for schedule, microbatches, _ in ACCELERATOR_RUNS:
