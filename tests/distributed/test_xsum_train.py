@@ -11,18 +11,10 @@ import pytest
 from conftest import assert_same_weights, run_ddl
 from pool_train import prepare, train_cell
 
-from ddl_xsum import data, synthetic
+from ddl_xsum import data
 from ddl_xsum.plugin import PRESETS
 
 pytestmark = pytest.mark.distributed
-
-
-@pytest.fixture(scope="module")
-def xsum_data(tmp_path_factory):
-    """The course-sized synthetic set (1500/300/300), as `ddl prepare --synthetic` writes it."""
-    root = tmp_path_factory.mktemp("xsum-data")
-    synthetic.write_synthetic(root)
-    return root
 
 
 def _results(run_dir):
@@ -60,16 +52,16 @@ def test_prepare_synthetic_then_tiny_training_learns(tmp_path):
     assert 0.1 < test["rouge1"] <= 1.0 and test["rougeL"] <= test["rouge1"] + 1e-9
 
 
-def test_two_ranks_match_one_process(tmp_path, xsum_data, rank_pools):
+def test_two_ranks_match_one_process(tmp_path, synthetic_xsum, rank_pools):
     """The tiny preset averages per-sample losses (and has no dropout), so the gradient
     of 2 replicas x 8 samples equals that of one 16-sample batch: same weights after 6
-    steps, across an epoch boundary, up to float rounding. Each replica trims its batch to
-    its own longest sequence, so sums run over different padded lengths (~1e-7 apart); Adam
-    divides by sqrt(v), which turns that into up to ~2e-5 on single weights with ~0
-    gradient, so the comparison is the AdamW rule of the equivalence matrix (per tensor,
-    conftest.assert_same_weights)."""
+    steps, across an epoch boundary (the run's shared synthetic set), up to float rounding.
+    Each replica trims its batch to its own longest sequence, so sums run over different
+    padded lengths (~1e-7 apart); Adam divides by sqrt(v), which turns that into up to
+    ~2e-5 on single weights with ~0 gradient, so the comparison is the AdamW rule of the
+    equivalence matrix (per tensor, conftest.assert_same_weights)."""
     args = ["--plugin", "xsum", "--preset", "tiny", "--global-batch-size", "16", "--epochs",
-            "2", "--steps-per-epoch", "3", "--seed", "7", "--data-dir", str(xsum_data)]
+            "2", "--steps-per-epoch", "3", "--seed", "7", "--data-dir", str(synthetic_xsum)]
     weights, results = {}, {}
     for nproc in (1, 2):
         plan = prepare(args, tmp_path / f"np{nproc}", nproc)
