@@ -93,8 +93,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--data-dir", action="append", default=[], metavar="PLUGIN=DIR",
+                        help="use this prepared data for PLUGIN (repeatable; default: a fresh "
+                        "synthetic copy of each)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    given = {}
+    for item in args.data_dir:
+        plugin, sep, where = item.partition("=")
+        if not sep or not where:
+            parser.error(f"--data-dir {item!r}: expected PLUGIN=DIR, e.g. mnist=data/mnist")
+        given[plugin] = Path(where)
     kinds = ("ddl", "plain", "accelerate")
     report = {"benchmark": "overhead", "preset": args.preset, "rounds": args.rounds,
               "steps_per_epoch": args.steps, "nproc": args.nproc, "target_ddl_over_plain":
@@ -104,7 +113,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ddl-overhead-") as tmp:
         work = Path(tmp)
         for plugin in args.workloads.split(","):
-            data_dir = prepare(plugin, work / "data")
+            data_dir = given.get(plugin) or prepare(plugin, work / "data")
             runs = work / plugin
             runs.mkdir()
             times: dict[str, list[float]] = {k: [] for k in kinds}

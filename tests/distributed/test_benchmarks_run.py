@@ -28,9 +28,10 @@ def _run_benchmark(script: str, out, *args: str, timeout: float,
 # serial: a benchmark of times, and seven processes that import torch; beside two other
 # test workers on 2 cores it took 85-97 s, alone ~30 s
 @pytest.mark.serial
-def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path):
+def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, synthetic_mnist):
     result = _run_benchmark("overhead.py", tmp_path / "overhead.json", "--workloads", "mnist",
-                            "--rounds", "1", "--steps", "3", timeout=900)
+                            "--rounds", "1", "--steps", "3", "--data-dir",
+                            f"mnist={synthetic_mnist}", timeout=900)
     row = result["workloads"]["mnist"]
     times = row["median_step_time_s"]
     assert set(times) == {"ddl", "plain", "accelerate"} and min(times.values()) > 0
