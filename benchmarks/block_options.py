@@ -31,6 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from data_flags import add_data_dir_flag, given_data_dirs  # noqa: E402
 from machine import describe  # noqa: E402
 
 RESULTS = HERE / "results" / "block_options.json"
@@ -128,17 +129,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2, help="samples per step (default 2)")
     parser.add_argument("--parts", default="memory,compile",
                         help="which measurements (default: memory,compile)")
-    parser.add_argument("--data-dir", action="append", default=[], metavar="PLUGIN=DIR",
-                        help="use this prepared data for PLUGIN (repeatable; default: a fresh "
-                        "synthetic copy of each)")
+    add_data_dir_flag(parser)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    given = {}
-    for item in args.data_dir:
-        plugin, sep, where = item.partition("=")
-        if not sep or not where:
-            parser.error(f"--data-dir {item!r}: expected PLUGIN=DIR, e.g. xsum=data/xsum")
-        given[plugin] = Path(where)
+    given = given_data_dirs(parser, args.data_dir)
     parts = set(args.parts.split(","))
     import torch
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from data_flags import add_data_dir_flag, given_data_dirs  # noqa: E402
 from machine import describe  # noqa: E402
 
 RESULTS = HERE / "results" / "overhead.json"
@@ -93,17 +94,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--data-dir", action="append", default=[], metavar="PLUGIN=DIR",
-                        help="use this prepared data for PLUGIN (repeatable; default: a fresh "
-                        "synthetic copy of each)")
+    add_data_dir_flag(parser)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    given = {}
-    for item in args.data_dir:
-        plugin, sep, where = item.partition("=")
-        if not sep or not where:
-            parser.error(f"--data-dir {item!r}: expected PLUGIN=DIR, e.g. mnist=data/mnist")
-        given[plugin] = Path(where)
+    given = given_data_dirs(parser, args.data_dir)
     kinds = ("ddl", "plain", "accelerate")
     report = {"benchmark": "overhead", "preset": args.preset, "rounds": args.rounds,
               "steps_per_epoch": args.steps, "nproc": args.nproc, "target_ddl_over_plain":
