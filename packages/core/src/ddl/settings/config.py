@@ -104,6 +104,8 @@ class RunConfig(BaseModel):
         "also before every checkpoint and at each epoch's end)")
     profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
                          "torch.profiler on every rank (0 = off; ddl.worker.profiling)")
+    count_syncs: bool = Field(False, description="count the host-device synchronisations "
+                              "of every step (rank 0; ddl.worker.step_breakdown)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "

@@ -26,6 +26,7 @@ from ddl.worker.metrics import MetricSums
 from ddl.worker.observers import Observers
 from ddl.worker.profiling import StepProfiler
 from ddl.worker.setup import Run
+from ddl.worker.step_breakdown import StepBreakdown
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Trained:
     seconds: float = 0.0
     data_wait: float = 0.0  # seconds this rank waited for its batches
     grad_norm: float | None = None  # mean global gradient norm before clipping, if clipped
+    breakdown: dict[str, Any] = field(default_factory=dict)  # ddl.worker.step_breakdown
 
 
 def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
@@ -51,50 +53,73 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     data_wait = 0.0
     norms: list[float] = []
     observers.begin_epoch(epoch, position, run.step)
+    breakdown = StepBreakdown(world.device, run.config.count_syncs)
     _sync(world.device)
     t0 = time.perf_counter()
     batches = iter(loader)
     for i in range(position, layout.steps_per_epoch):
-        t_fetch = time.perf_counter()
-        micro = [workload.to_device(next(batches), world.device)
-                 for _ in range(layout.accumulation)]
-        data_wait += time.perf_counter() - t_fetch
-        # the first steps of an epoch also count the bytes kept for backward (cheap, but
-        # one Python call per saved tensor: not on every step)
-        meter = run.saved_tensors if run.saved_tensors and i - position < 2 else None
-        with meter.measure(len(micro)) if meter else contextlib.nullcontext():
-            loss, outputs, clipped = _step(run, micro)
-        if run.step == 0 and run.config.compile:
-            run.first_step_s = time.perf_counter() - t_fetch
-        if clipped is not None:  # --clip-grad-norm: the norm before clipping
-            norms.append(float(clipped))
-        run.scheduler.step()
-        profiler.step()
-        run.step += 1
-        for out, batch in zip(outputs, micro):
-            if out is not None:  # a pipeline rank without the last stage has none
-                with torch.no_grad():
-                    sums.add(workload.sample_metrics(out, batch[1]))
-        observers.step(epoch, i + 1, run.step, loss)  # fetches the loss every --log-every
-        done = i + 1  # batches of this epoch behind us
-        checkpoint_due = bool(run.config.checkpoint_every and done < layout.steps_per_epoch
-                              and run.step % run.config.checkpoint_every == 0)
-        # checked before any checkpoint is written, and at the epoch's end
-        stop = guard.after_step(loss, run.step, epoch, done,
-                                lambda: checkpoint.latest(run.run_dir),
-                                force=checkpoint_due or done == layout.steps_per_epoch)
-        if checkpoint_due or stop:  # a stop resumes here (the next epoch if this one is done)
-            observers.phase("checkpointing")
-            run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
-                                  else (epoch + 1, 0)))
-            observers.phase("training")
+        with breakdown.step() as syncs:
+            breakdown.started()
+            t_fetch = time.perf_counter()
+            micro = [workload.to_device(next(batches), world.device)
+                     for _ in range(layout.accumulation)]
+            data_wait += time.perf_counter() - t_fetch
+            breakdown.fetched()
+            # the first steps of an epoch also count the bytes kept for backward (cheap, but
+            # one Python call per saved tensor: not on every step)
+            meter = run.saved_tensors if run.saved_tensors and i - position < 2 else None
+            with meter.measure(len(micro)) if meter else contextlib.nullcontext():
+                loss, outputs, clipped = _step(run, micro)
+            breakdown.stepped()
+            if run.step == 0 and run.config.compile:
+                run.first_step_s = time.perf_counter() - t_fetch
+            if clipped is not None:  # --clip-grad-norm: the norm before clipping, kept on
+                norms.append(clipped.detach())  # the device (read once, at the epoch's end)
+            run.scheduler.step()
+            profiler.step()
+            run.step += 1
+            for out, batch in zip(outputs, micro):
+                if out is not None:  # a pipeline rank without the last stage has none
+                    with torch.no_grad():
+                        sums.add(workload.sample_metrics(out, batch[1]))
+            observers.step(epoch, i + 1, run.step, loss)  # fetches the loss every --log-every
+            done = i + 1  # batches of this epoch behind us
+            checkpoint_due = bool(run.config.checkpoint_every and done < layout.steps_per_epoch
+                                  and run.step % run.config.checkpoint_every == 0)
+            # checked before any checkpoint is written, and at the epoch's end
+            stop = guard.after_step(loss, run.step, epoch, done,
+                                    lambda: checkpoint.latest(run.run_dir),
+                                    force=checkpoint_due or done == layout.steps_per_epoch)
+            if checkpoint_due or stop:  # a stop resumes here (the next epoch if it is done)
+                observers.phase("checkpointing")
+                run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
+                                      else (epoch + 1, 0)))
+                observers.phase("training")
+        breakdown.ended(_asked(run, done, layout.steps_per_epoch, checkpoint_due, stop), syncs)
         if stop:
             return Trained(stop=stop)
     _sync(world.device)
     seconds = time.perf_counter() - t0
     return Trained(metrics=with_derived(sums.reduce(world), workload), seconds=seconds,
                    data_wait=data_wait,
-                   grad_norm=sum(norms) / len(norms) if norms else None)
+                   grad_norm=torch.stack(norms).mean().item() if norms else None,
+                   breakdown=breakdown.record())
+
+
+def _asked(run: Run, done: int, steps: int, checkpoint_due: bool, stop: str | None
+           ) -> str | None:
+    """The flag or event that reads a device value at this step (the step guard's check,
+    the progress line's loss, a checkpoint), or None: then the step should make no
+    host-device synchronisation (ddl.worker.step_breakdown)."""
+    if done == steps:
+        return "epoch end"
+    if checkpoint_due or stop:
+        return "checkpoint"
+    if run.step % run.config.check_every == 0:
+        return "--check-every"
+    if run.world.is_main and done % run.config.log_every == 0:
+        return "--log-every"
+    return None
 
 
 def _step(run: Run, micro: list) -> tuple[torch.Tensor, list, Any]:
@@ -130,6 +155,7 @@ def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool
               "val": val}
     if trained.grad_norm is not None:
         record["grad_norm"] = trained.grad_norm
+    record["step_breakdown"] = trained.breakdown
     if position:
         record["resumed_at_step"] = position  # a partial epoch: times cover the rest
     record["data_wait_share"] = trained.data_wait / seconds

@@ -81,6 +81,41 @@ class StepProfiler:
         prof.export_chrome_trace(str(self.path))
         self._summary = summarise(prof.key_averages(), self.rank, self.path,
                                   self.device_type == "cuda")
+        if self.device_type == "cuda":
+            self._summary["device_idle_share"] = device_idle_share(*_device_activity(prof))
+
+
+def _device_activity(prof) -> tuple[list[tuple[float, float]], tuple[float, float] | None]:
+    """(the device's busy intervals: kernels, copies, sets; the profiled steps' window), in
+    the profiler's microseconds. The window runs from the first ``ProfilerStep#`` to the
+    end of the last, as the host saw them (kineto puts host and device on one clock)."""
+    from torch.autograd import DeviceType
+
+    busy, steps = [], []
+    for event in prof.events():
+        span = (event.time_range.start, event.time_range.end)
+        if event.device_type == DeviceType.CUDA:
+            busy.append(span)
+        elif event.name.startswith("ProfilerStep#"):
+            steps.append(span)
+    window = (min(s for s, _ in steps), max(e for _, e in steps)) if steps else None
+    return busy, window
+
+
+def device_idle_share(busy: list[tuple[float, float]], window: tuple[float, float] | None
+                      ) -> float | None:
+    """The share of ``window`` in which no interval of ``busy`` runs (overlapping kernels
+    on several streams count once): how much of the profiled steps the GPU sat idle."""
+    if window is None or window[1] <= window[0]:
+        return None
+    start, end = window
+    covered, reach = 0.0, start
+    for a, b in sorted(busy):
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            covered += b - a
+            reach = b
+    return 1.0 - covered / (end - start)
 
 
 def _self_time_us(row, on_device: bool) -> float:

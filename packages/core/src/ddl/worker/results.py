@@ -68,6 +68,10 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "compile": compiled or {"enabled": False},
         "epochs": epochs,
         "summary": summary,
+        # rank 0's split of a step (ddl.worker.step_breakdown), from the last measured epoch
+        "step_breakdown": next((e["step_breakdown"] for e in reversed(epochs)
+                                if not e["warmup"] and "step_breakdown" in e),
+                               epochs[-1].get("step_breakdown")),
         "final": {"val": val, "test": test},
         "parameters": parameters,  # of the whole model, whatever the strategy
         "model_file": rundir.MODEL,

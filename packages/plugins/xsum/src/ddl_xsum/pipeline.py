@@ -135,6 +135,8 @@ class T5Stage(nn.Module):
     def forward(self, *carry: torch.Tensor):
         from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 
+        from ddl_xsum.workload import prepared_mask  # (no host sync: see there)
+
         x = dict(zip(self._boundary(self.start), carry, strict=True))
         enc, dec = self.encoder, self.decoder
         if self.first:
@@ -144,7 +146,7 @@ class T5Stage(nn.Module):
             hidden = x["hidden"]
             bias = enc.position_bias(hidden)
             mask = create_bidirectional_mask(config=enc.config, inputs_embeds=hidden,
-                                             attention_mask=x["attention_mask"])
+                                             attention_mask=prepared_mask(x["attention_mask"]))
             for block in enc.own_blocks():
                 hidden, bias, _ = block(hidden, mask, bias, None, None, None)  # no cache
             if enc.ends:
@@ -159,7 +161,8 @@ class T5Stage(nn.Module):
             # keyword differs between transformers versions (past_key_values, now cache)
             self_mask = create_causal_mask(dec.config, hidden, None, None)
             cross_mask = create_bidirectional_mask(config=dec.config, inputs_embeds=hidden,
-                                                   attention_mask=x["attention_mask"],
+                                                   attention_mask=prepared_mask(
+                                                       x["attention_mask"]),
                                                    encoder_hidden_states=states)
             cross_bias = None  # zeros (no table in cross-attention), made by the first block
             for block in dec.own_blocks():

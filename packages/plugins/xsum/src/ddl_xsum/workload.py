@@ -71,6 +71,16 @@ class SummaryDataset(Dataset):
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+def prepared_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The padding mask as the 4-D boolean mask (batch, 1, 1, keys) transformers would build
+    from it, made here without reading its values. Given the 2-D mask, transformers first
+    asks whether any token is padded (``mask.all()`` on the device: a host-device sync in
+    every encoder and cross-attention mask, two per step) to skip the mask; a prepared 4-D
+    mask is used as it is. Same logits, bit for bit (it broadcasts over the queries as the
+    built one repeats over them); ``ddl train --count-syncs`` found the syncs."""
+    return attention_mask.bool()[:, None, None, :]
+
+
 def shift_right(labels: torch.Tensor, start_id: int = 0, pad_id: int = 0) -> torch.Tensor:
     """Decoder inputs for teacher forcing: the start token (T5: <pad>), then the labels up
     to the last one, with the ignored positions (-100) as <pad>. What T5's own
@@ -196,7 +206,8 @@ class XsumWorkload(Workload):
         return inputs, labels.to(device, non_blocking=True)
 
     def forward(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return model(**inputs).logits
+        return model(**{**inputs, "attention_mask": prepared_mask(inputs["attention_mask"])}
+                     ).logits
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         ce, mask = token_losses(outputs, targets)
