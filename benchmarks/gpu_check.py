@@ -7,7 +7,10 @@ ddl from this checkout with ``pip --no-deps`` plus the carried wheels, then runs
 its own process with a time limit, in priority order (gpu_kit/checks.py): what torch
 sees; a bf16 8192^3 matmul peak; every workload's tiny preset in bf16 (DDP, NCCL, world of
 1), under FSDP, and in fp16; one course-shape run per workload (steps capped); ddl's
-pinned-memory loader; a profiled run. From each run's results.json: throughput, MFU
+pinned-memory loader; a profiled run; then, on the kit's bench copy of the data, ddl's
+course run against a plain PyTorch loop (benchmarks/reference/peer_loop.py) in alternating
+rounds, and each workload's throughput preset at the largest batch that fits ~80 % of the
+GPU (found by a probe). From each run's results.json: throughput, MFU
 against the measured peak and the site profile's, the share of training time spent
 waiting for data, and torch's peak GPU allocation against ddl's memory report (plus NVML's
 view, sampled by the kit). What no longer fits the budget is skipped, and the JSON says so.
@@ -16,6 +19,9 @@ view, sampled by the kit). What no longer fits the budget is skipped, and the JS
     .venv/bin/python benchmarks/gpu_check.py --fetch-wheels
     # on the GPU machine, in the checkout with benchmarks/gpu_wheels/ brought along
     python3 benchmarks/gpu_check.py
+    # ddl against its peer and the throughput presets only (docs/measuring.md)
+    python3 benchmarks/gpu_check.py --rounds 2 --only 'course-*-r*' --only 'peer-*' \
+        --only 'throughput-*'
     # CI / any CPU: a subset with tiny sizes and gloo, in the current environment
     .venv/bin/python benchmarks/gpu_check.py --cpu --out-dir /tmp/gpu-check
 
@@ -41,10 +47,11 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from gpu_kit import checks as plan_  # noqa: E402
-from gpu_kit import report, runner, wheels  # noqa: E402
+from gpu_kit import comparison, report, runner, wheels  # noqa: E402
 from machine import describe  # noqa: E402
 
 PROBES = HERE / "gpu_kit" / "probes.py"
+PEER = HERE / "reference" / "peer_loop.py"
 
 
 class Kit:
@@ -58,7 +65,10 @@ class Kit:
         self.matmul_peak: float | None = None
         self.status: dict[str, str] = {}
         self.device: dict = {}
-        self.plan = plan_.plan(self.gpu)
+        rounds = getattr(args, "rounds", None)
+        self.rounds = plan_.PEER_ROUNDS[self.gpu] if rounds is None else rounds
+        self.plan = plan_.plan(self.gpu, self.rounds)
+        self.batches: dict[str, int] = {}  # batch-search-<w>'s batch, by check name
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if not self.gpu:
             self.env["OMP_NUM_THREADS"] = "1"  # as every rank of a local run (ddl.launch.local)
@@ -89,9 +99,11 @@ class Kit:
             return any(fnmatch.fnmatch(name, pattern) for pattern in self.args.only)
         if named(check.name) or check.name in ("environment", "matmul-peak"):
             return True
+        if any(named(other.name) for other in self.plan if other.batch_from == check.name):
+            return True  # a throughput check brings its batch search along
         return check.kind == "prepare" and any(
-            named(other.name) for other in self.plan
-            if other.workload == check.workload and other.kind != "prepare")
+            self.selected(other) for other in self.plan
+            if other.data == check.data and other.kind != "prepare")
 
     def why_not(self, check: plan_.Check) -> str | None:
         """Why ``check`` is skipped, or None to run it."""
@@ -104,7 +116,7 @@ class Kit:
         if check.kind != "install" and check.name != "environment" and \
                 self.status.get("environment") == "fail":
             return "the environment check failed (no GPU, or ddl not importable)"
-        needs = f"prepare-{check.workload}"
+        needs = f"prepare-{check.data}"
         if check.workload and check.kind != "prepare" and self.status.get(needs) != "ok":
             return f"{needs} did not succeed ({self.status.get(needs, 'not run')})"
         if self.remaining() < check.estimate_s:
@@ -148,7 +160,7 @@ class Kit:
                    "cuda" if self.gpu else "cpu"]
         if check.workload:
             command += ["--plugin", check.workload, "--data-dir",
-                        str(self.work / "data" / check.workload)]
+                        str(self.work / "data" / check.data)]
         outcome = runner.run(command, self.work / "logs" / f"{check.name}.log", self.timeout(),
                              self.env, cwd=self.work)
         if outcome.returncode != 0:
@@ -162,6 +174,10 @@ class Kit:
         elif check.name == "matmul-peak":
             self.matmul_peak = numbers["peak_flops"]
             note = f"{numbers['dtype']} {numbers['size']}^3; measured by {numbers['source']}"
+        elif check.args[0] == "batch-search":
+            self.batches[check.name] = numbers["batch_size"]
+            note = (f"batch {numbers['batch_size']} ({numbers['limited_by']}-limited; "
+                    f"{numbers['fraction']:.0%} of the device's memory)")
         elif check.name == "loader-pinned" and self.gpu and not numbers["pinned_arrived_pinned"]:
             return self.record(check.name, "fail", outcome.seconds, numbers,
                                "pin_memory=True, yet a batch arrived in pageable memory",
@@ -170,12 +186,16 @@ class Kit:
                            command=command)
 
     def prepare(self, check: plan_.Check) -> dict:
-        data = self.work / "data" / check.workload
+        data = self.work / "data" / check.data
         done = data / ".gpu-check-prepared"
         if done.exists():
             return self.record(check.name, "ok", note=f"reused {data} from an earlier kit run")
         command = [*self.ddl(), "prepare", "--plugin", check.workload, "--synthetic",
                    "--data-dir", str(data)]
+        if check.args == ["bench"]:  # the kit's sizes, the same generator (gpu_kit/bench_data)
+            command = [sys.executable, str(PROBES), "synthetic", "--device",
+                       "cuda" if self.gpu else "cpu", "--plugin", check.workload,
+                       "--data-dir", str(data)]
         outcome = runner.run(command, self.work / "logs" / f"{check.name}.log", self.timeout(),
                              self.env, cwd=self.work)
         if outcome.returncode != 0:
@@ -192,8 +212,14 @@ class Kit:
                    check.strategy, "--precision", check.precision, "--site", self.args.site,
                    "--launcher", "local", "--nproc", "1", "--device",
                    "cuda" if self.gpu else "cpu", "--epochs", "2", "--keep-checkpoints", "0",
-                   "--log-every", "1000000", "--data-dir", str(self.work / "data" / check.workload),
+                   "--log-every", "1000000", "--data-dir", str(self.work / "data" / check.data),
                    "--run-dir", str(run_dir), *check.args]
+        note = None
+        if check.batch_from:
+            found = self.batches.get(check.batch_from)
+            command += ["--batch-size", str(found)] if found else []
+            note = (f"batch {found} from {check.batch_from}" if found else
+                    f"the preset's batch: {check.batch_from} found none on this device")
         with runner.GpuMemory(self.gpu) as memory:
             outcome = runner.run(command, self.work / "logs" / f"{check.name}.log",
                                  self.timeout(), self.env, cwd=self.work)
@@ -205,13 +231,39 @@ class Kit:
         numbers["nvml_source"] = memory.source
         if problems:
             return self.record(check.name, "fail", outcome.seconds, numbers,
+                               "; ".join(problems), note=note, command=command)
+        return self.record(check.name, "ok", outcome.seconds, numbers, note=note,
+                           command=command)
+
+    def peer(self, check: plan_.Check) -> dict:
+        """The plain PyTorch loop beside ddl's course run (benchmarks/reference/peer_loop.py),
+        with the same preset, data, precision, step cap and loader workers."""
+        train_args = dict(zip(check.args[::2], check.args[1::2]))
+        command = [sys.executable, str(PEER), "--plugin", check.workload,
+                   "--preset", train_args["--preset"],
+                   "--data-dir", str(self.work / "data" / check.data),
+                   "--device", "cuda" if self.gpu else "cpu", "--precision", check.precision,
+                   "--steps", train_args["--steps-per-epoch"],
+                   "--workers", train_args["--workers"]]
+        with runner.GpuMemory(self.gpu) as memory:
+            outcome = runner.run(command, self.work / "logs" / f"{check.name}.log",
+                                 self.timeout(), self.env, cwd=self.work)
+        if outcome.returncode != 0:
+            return self._failed(check.name, outcome, command)
+        found = json.loads(outcome.tail.strip().splitlines()[-1])
+        numbers, problems = plan_.evaluate_peer(check, found, gpu=self.gpu,
+                                                matmul_peak=self.matmul_peak)
+        numbers.update(nvml_peak_used_bytes=memory.peak, nvml_baseline_used_bytes=memory.baseline,
+                       nvml_source=memory.source)
+        if problems:
+            return self.record(check.name, "fail", outcome.seconds, numbers,
                                "; ".join(problems), command=command)
         return self.record(check.name, "ok", outcome.seconds, numbers, command=command)
 
     # --- the whole run -----------------------------------------------------------------
     def run_all(self) -> list[dict]:
         records: list[dict] = []
-        todo = plan_.plan(self.gpu)
+        todo = list(self.plan)
         while todo:
             check = todo.pop(0)
             batch = [check]
@@ -233,7 +285,7 @@ class Kit:
                 print(f"gpu_check: {record['name']}: {record['status']} "
                       f"({record['seconds']:.0f} s)", flush=True)
             records += done
-        order = [c.name for c in plan_.plan(self.gpu)]
+        order = [c.name for c in self.plan]
         return sorted(records, key=lambda r: order.index(r["name"]))
 
     def one(self, check: plan_.Check) -> dict:
@@ -266,12 +318,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "on a GPU, inside a 10-minute command; 300 on a CPU)")
     parser.add_argument("--per-run-timeout", type=float,
                         help="seconds one check may take (default: 240 GPU, 120 CPU)")
+    parser.add_argument("--rounds", type=int, help="rounds of ddl's course run against "
+                        "the plain PyTorch peer, per workload (default: 3 on a GPU, 1 on a CPU)")
     parser.add_argument("--only", action="append", metavar="GLOB",
                         help="run only the checks matching (repeatable), e.g. 'course-*'")
     parser.add_argument("--work", type=Path, help="keep data, run dirs and logs here (and "
                         "reuse prepared data); default: a temporary directory")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
+    if args.rounds is not None and args.rounds < 0:
+        parser.error(f"--rounds must be 0 or more (got {args.rounds})")
     gpu = not args.cpu
     args.install = gpu if args.install is None else args.install
     args.site = args.site or "mn5-acc"  # the CPU mode too: its peak gives MFU a value
@@ -294,12 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         kit = Kit(args)
         records = kit.run_all()
     document = {
-        "kit": "gpu_check", "schema_version": 1, "mode": "gpu" if kit.gpu else "cpu",
+        "kit": "gpu_check", "schema_version": 2, "mode": "gpu" if kit.gpu else "cpu",
         "started_at": started, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "wall_s": round(time.perf_counter() - t0, 1), "budget_s": args.budget,
         "per_run_timeout_s": args.per_run_timeout, "site": args.site, "device": kit.device,
         "machine": describe(), "command": [sys.executable, *sys.argv],
         "checks": records,
+        "rounds": kit.rounds,
+        "comparison": comparison.compare(records),
         "counts": {s: sum(r["status"] == s for r in records) for s in ("ok", "fail", "skipped")},
     }
     name = slug(kit.device.get("device_name", "gpu") if kit.gpu else "cpu")

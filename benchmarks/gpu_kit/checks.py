@@ -19,8 +19,13 @@ STARVED_SHARE = 0.2  # a fifth of the training time spent waiting for batches
 # CI's share (~60 s on 2 cores): each kind of check once, on MNIST only (xsum's imports and
 # preparation cost CI ~20 s; the GPU mode ran every workload on an H200, 2026-11-26).
 # profile-mnist is itself a tiny mnist bf16 run, so tiny-mnist-bf16 is left out.
+# The first round of ddl against its peer stands in for course-mnist-bf16 (the same run on
+# the kit's own copy of the data).
 CPU_SUBSET = {"environment", "matmul-peak", "prepare-mnist", "fsdp-mnist-bf16",
-              "loader-pinned", "profile-mnist", "course-mnist-bf16"}
+              "loader-pinned", "profile-mnist", "prepare-mnist-bench", "course-mnist-bf16-r1",
+              "peer-mnist-bf16-r1"}
+PEER_ROUNDS = {True: 3, False: 1}  # default rounds of ddl against its peer: GPU, CPU
+THROUGHPUT_ORDER = ("cifar", "xsum", "imagewoof", "mnist")  # the acceptance's first
 
 
 @dataclass
@@ -33,9 +38,14 @@ class Check:
     precision: str | None = None
     strategy: str = "ddp"
     cpu_skip: str | None = None  # why the CPU mode leaves it out (None: it runs it)
+    data: str | None = None  # the data set it reads (prepare-<data>); None: the workload's
+    batch_from: str | None = None  # the batch-search check whose batch it trains with
+
+    def __post_init__(self) -> None:
+        self.data = self.data or self.workload
 
 
-def plan(gpu: bool) -> list[Check]:
+def plan(gpu: bool, rounds: int | None = None) -> list[Check]:
     # tiny: the precision and strategy paths, loading in the training process; course: the
     # courses' shapes with 4 pinned-memory loader workers on a GPU (none on the 2-core CI
     # machine, where they would only compete), long enough that the workers' start-up at
@@ -68,12 +78,47 @@ def plan(gpu: bool) -> list[Check]:
         Check("profile-mnist", "train", 30 * s, "mnist",
               ["--preset", "tiny", "--steps-per-epoch", "8", "--profile", "3"], "bf16"),
         course_checks["xsum"],  # ROUGE with t5-base generating 300 summaries: the longest
+        *(Check(f"prepare-{w}-bench", "prepare", 60, w, ["bench"], data=f"{w}-bench")
+          for w in WORKLOADS),
+        *peer_rounds(gpu, PEER_ROUNDS[gpu] if rounds is None else rounds, course),
+        *throughput_checks(gpu),
     ]
     for check in checks:
         if (not gpu and check.cpu_skip is None and check.name not in CPU_SUBSET
                 and check.kind != "install"):  # install follows --install in both modes
             check.cpu_skip = "not in the CPU subset (CI time; docs/measuring.md)"
     return checks
+
+
+def peer_rounds(gpu: bool, rounds: int, course: list[str]) -> list[Check]:
+    """ddl's course run and the plain PyTorch loop (benchmarks/reference/peer_loop.py) in
+    alternating rounds per workload, on the kit's bench copy of the data (its xsum test
+    split holds 32 articles, so that ROUGE's generation does not take most of a round)."""
+    out = []
+    for w in WORKLOADS:
+        ddl_s, peer_s = (60 if w == "xsum" else 40, 50 if w == "xsum" else 30) if gpu \
+            else (20, 15)
+        for k in range(1, rounds + 1):
+            out += [Check(f"course-{w}-bf16-r{k}", "train", ddl_s, w, course, "bf16",
+                          data=f"{w}-bench"),
+                    Check(f"peer-{w}-bf16-r{k}", "peer", peer_s, w, course, "bf16",
+                          data=f"{w}-bench")]
+    return out
+
+
+def throughput_checks(gpu: bool) -> list[Check]:
+    """Per workload: the largest batch that fits ~80 % of the GPU's memory (a probe), then
+    ddl's throughput preset at that batch (--batch-size): a GPU filled, where MFU means
+    something. 8 loader workers on the GPU machine's 16 cores."""
+    out = []
+    for w in THROUGHPUT_ORDER:
+        out += [Check(f"batch-search-{w}", "probe", 60, w, ["batch-search"], data=f"{w}-bench",
+                      cpu_skip="the batch search fills a GPU's memory: GPU only"),
+                Check(f"throughput-{w}-bf16", "train", 90 if w == "xsum" else 60, w,
+                      ["--preset", "throughput", "--steps-per-epoch", "30" if gpu else "2",
+                       "--workers", "8" if gpu else "0"], "bf16", data=f"{w}-bench",
+                      batch_from=f"batch-search-{w}")]
+    return out
 
 
 def _finite(value) -> bool:
@@ -143,4 +188,28 @@ def evaluate_train(check: Check, results_file: Path, *, gpu: bool, matmul_peak: 
         for key in ("op_time_s", "compute_time_s", "communication_time_s",
                     "data_loading_time_s", "communication_fraction"):
             numbers[f"profile_{key}"] = profile.get(key)
+    return numbers, problems
+
+
+def evaluate_peer(check: Check, found: dict, *, gpu: bool, matmul_peak: float | None
+                  ) -> tuple[dict, list[str]]:
+    """The numbers of one peer loop (its JSON line), and what contradicts the request: the
+    same device, backend, precision and pinned memory as ddl's run beside it."""
+    problems = []
+    want = {"device": "cuda" if gpu else "cpu", "backend": "nccl" if gpu else "gloo",
+            "precision": check.precision, "pin_memory": gpu}
+    for key, value in want.items():
+        if found.get(key) != value:
+            problems.append(f"{key} is {found.get(key)}, expected {value}")
+    if not _finite(found.get("train_loss")):
+        problems.append(f"the last epoch's train loss is {found.get('train_loss')}")
+    numbers = {k: v for k, v in found.items()
+               if v is None or isinstance(v, (str, int, float, bool))}
+    numbers["preset"] = found.get("preset")
+    flops = found.get("flops_per_sample")
+    achieved = flops * found["samples_per_s"] if flops else None
+    numbers.update({
+        "achieved_flops_per_device": achieved, "measured_peak_flops": matmul_peak,
+        "mfu_vs_measured_peak": achieved / matmul_peak if achieved and matmul_peak else None,
+        "data_starved": found["data_wait_share"] > STARVED_SHARE})
     return numbers, problems

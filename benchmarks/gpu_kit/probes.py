@@ -5,6 +5,9 @@ costs one check, not the kit): what torch sees, a matmul peak, and the data load
     python benchmarks/gpu_kit/probes.py matmul --device cuda
     python benchmarks/gpu_kit/probes.py loader --device cuda --plugin imagewoof \
         --preset course --data-dir DIR --workers 4 --batches 20
+    python benchmarks/gpu_kit/probes.py synthetic --device cuda --plugin cifar --data-dir DIR
+    python benchmarks/gpu_kit/probes.py batch-search --device cuda --plugin cifar \
+        --preset throughput --data-dir DIR
 
 Each prints one JSON object as its last line. ddl has no GPU matmul peak and no loader
 timing of its own, so these numbers are the kit's, not ddl's (the JSON says so).
@@ -144,7 +147,8 @@ def loader(device: str, plugin: str, preset: str, data_dir: str, workers: int,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("probe", choices=["environment", "matmul", "loader"])
+    parser.add_argument("probe", choices=["environment", "matmul", "loader", "synthetic",
+                                          "batch-search"])
     parser.add_argument("--device", choices=["cpu", "cuda"], required=True)
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=10)
@@ -158,6 +162,14 @@ def main() -> int:
         result = environment(args.device)
     elif args.probe == "matmul":
         result = matmul(args.device, args.size, args.repeats)
+    elif args.probe == "synthetic":  # the kit's bench data (gpu_kit/bench_data.py)
+        from bench_data import write
+
+        result = write(args.plugin, args.data_dir, gpu=args.device == "cuda")
+    elif args.probe == "batch-search":  # gpu_kit/batch_search.py
+        from batch_search import search
+
+        result = search(args.plugin, args.preset or "throughput", args.data_dir)
     else:
         result = loader(args.device, args.plugin, args.preset, args.data_dir, args.workers,
                         args.batches)

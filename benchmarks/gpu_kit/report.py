@@ -79,6 +79,9 @@ def validate(document: dict) -> list[str]:
     names = [c["name"] for c in document["checks"]]
     if len(set(names)) != len(names):
         problems.append("check names repeat")
+    for entry in document.get("comparison", []):
+        if not any(n.startswith(f"peer-{entry['workload']}-") for n in names):
+            problems.append(f"comparison of {entry['workload']}: no peer check of it")
     return problems
 
 
@@ -113,8 +116,36 @@ def markdown(document: dict) -> str:
             f"{_fmt(n.get('mfu_vs_profile_peak'), 0.01, ' %', 2)} | "
             f"{_fmt(n.get('data_wait_share'), 0.01, ' %', 0)} | {memory} | "
             f"{(note[-1] if note else '').replace('|', '/')[:160]} |")
+    lines += _comparison(document.get("comparison", []))
     peak = next((c["numbers"].get("peak_flops") for c in document["checks"]
                  if c["name"] == "matmul-peak"), None)
     lines += ["", f"Measured matmul peak: {_fmt(peak, 1e9, ' GFLOP/s', 0)}. Numbers per "
               "check, and the definitions: the JSON beside this file; docs/measuring.md."]
     return "\n".join(lines) + "\n"
+
+
+def _comparison(entries: list[dict]) -> list[str]:
+    """ddl against the plain PyTorch peer, medians of the rounds (gpu_kit/comparison.py)."""
+    if not entries:
+        return []
+    lines = ["", "ddl against a plain PyTorch loop (course shapes, medians over the rounds; "
+             "ddl/peer: median of the rounds' ratios, min-max in brackets; GPU busy: NVML "
+             "through ddl's sampler, the peer's timed epochs alone in brackets):", "",
+             "| workload | rounds ok (ddl/peer) | ddl samples/s | peer samples/s | ddl/peer | "
+             "GPU busy ddl | GPU busy peer | data wait ddl | data wait peer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        spread = (f" ({e['ratio_min']:.2f}-{e['ratio_max']:.2f})"
+                  if e["ratio_min"] is not None else "")
+        steady = e["peer_gpu_busy_steady_percent"]
+        lines.append(
+            f"| {e['workload']} | {e['ddl_rounds_ok']}/{e['peer_rounds_ok']} of {e['rounds']} | "
+            f"{_fmt(e['ddl_samples_per_s'], digits=0)} | "
+            f"{_fmt(e['peer_samples_per_s'], digits=0)} | "
+            f"{_fmt(e['ratio_ddl_over_peer'], digits=2)}{spread} | "
+            f"{_fmt(e['ddl_gpu_busy_percent'], unit=' %', digits=0)} | "
+            f"{_fmt(e['peer_gpu_busy_percent'], unit=' %', digits=0)}"
+            f"{f' ({steady:.0f} %)' if steady is not None else ''} | "
+            f"{_fmt(e['ddl_data_wait_share'], 0.01, ' %', 0)} | "
+            f"{_fmt(e['peer_data_wait_share'], 0.01, ' %', 0)} |")
+    return lines

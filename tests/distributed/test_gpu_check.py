@@ -18,7 +18,7 @@ from conftest import REPO
 pytestmark = pytest.mark.distributed
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from gpu_kit import checks, report  # noqa: E402
+from gpu_kit import batch_search, checks, comparison, report  # noqa: E402
 
 KIT = str(REPO / "benchmarks" / "gpu_check.py")
 
@@ -41,15 +41,19 @@ def test_cpu_mode_end_to_end(tmp_path):
     _training_checks_report_what_ran_and_the_measurements(doc)
     _the_validator_rejects_broken_documents(doc)
     _gpu_verdicts_from_a_gpu_shaped_results_file(tmp_path / "work" / "runs")
+    _ddl_beside_its_peer(doc, summary, tmp_path / "work" / "logs")
 
 
 def _runs_its_subset_and_lists_every_gpu_check(doc, summary):
     assert report.validate(doc) == []
     by_name = {c["name"]: c for c in doc["checks"]}
-    # the same checks as the GPU mode, in the same order; the CPU runs its subset only
-    assert list(by_name) == [c.name for c in checks.plan(gpu=True)]
+    # the same checks as the GPU mode (at the same rounds), in the same order; the CPU
+    # runs its subset only
+    assert doc["rounds"] == 1
+    assert list(by_name) == [c.name for c in checks.plan(gpu=True, rounds=1)]
     assert {n for n, c in by_name.items() if c["status"] == "ok"} == checks.CPU_SUBSET
     assert "needs a GPU" in by_name["tiny-xsum-fp16"]["note"]
+    assert "GPU only" in by_name["batch-search-cifar"]["note"]
     assert doc["mode"] == "cpu" and doc["site"] == "mn5-acc"  # its peak, with --device cpu
     for name, check in by_name.items():
         assert f"| {name} | {check['status']} |" in summary
@@ -62,7 +66,7 @@ def _training_checks_report_what_ran_and_the_measurements(doc):
     fsdp = by_name["fsdp-mnist-bf16"]["numbers"]
     assert (fsdp["strategy"], fsdp["precision"], fsdp["backend"], fsdp["device"]) == \
         ("fsdp", "bf16", "gloo", "cpu")
-    for name in ("fsdp-mnist-bf16", "course-mnist-bf16", "profile-mnist"):
+    for name in ("fsdp-mnist-bf16", "course-mnist-bf16-r1", "profile-mnist"):
         n = by_name[name]["numbers"]
         assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
         assert n["mfu_vs_measured_peak"] == pytest.approx(n["achieved_flops_per_device"] / peak)
@@ -70,7 +74,7 @@ def _training_checks_report_what_ran_and_the_measurements(doc):
         assert n["mfu_vs_profile_peak"] == pytest.approx(n["achieved_flops_per_device"]
                                                          / n["profile_peak_flops"])
         assert 0 < n["model_state_bytes"] < n["peak_rss_bytes"]
-    assert by_name["course-mnist-bf16"]["numbers"]["preset"] == "course"
+    assert by_name["course-mnist-bf16-r1"]["numbers"]["preset"] == "course"
     assert by_name["profile-mnist"]["numbers"]["profile_op_time_s"] > 0
     loader = by_name["loader-pinned"]["numbers"]
     assert loader["unpinned_batches_per_s"] > 0 and loader["unpinned_arrived_pinned"] is False
@@ -120,14 +124,44 @@ def test_install_without_carried_wheels_fails_in_its_check(tmp_path):
     assert "--fetch-wheels" in install["error_tail"]
 
 
+def _ddl_beside_its_peer(doc, summary, logs):
+    """Round 1 of ddl against the plain PyTorch loop, and the comparison built from it."""
+    by_name = {c["name"]: c for c in doc["checks"]}
+    ddl, peer = by_name["course-mnist-bf16-r1"], by_name["peer-mnist-bf16-r1"]
+    n = peer["numbers"]
+    assert (n["device"], n["backend"], n["precision"], n["preset"]) == \
+        ("cpu", "gloo", "bf16", "course")
+    assert n["batch_size"] == ddl["numbers"]["global_batch"]
+    assert n["steps_per_epoch"] == ddl["numbers"]["steps_per_epoch"]
+    assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
+    assert 0 < n["train_loss"] < 2.4  # ln 10 = 2.30 at chance: the peer trains
+    (entry,) = doc["comparison"]
+    assert entry["workload"] == "mnist" and entry["rounds"] == 1
+    assert entry["ratio_ddl_over_peer"] == pytest.approx(
+        ddl["numbers"]["samples_per_s"] / n["samples_per_s"])
+    assert entry["peer_data_wait_share"] == n["data_wait_share"]
+    assert "| mnist | 1/1 of 1 |" in summary
+
+    # the GPU mode's verdict on the peer's own JSON line, rewritten as on a GPU
+    found = json.loads((logs / "peer-mnist-bf16-r1.log").read_text().strip().splitlines()[-1])
+    found.update(device="cuda", backend="nccl", pin_memory=True)
+    check = next(c for c in checks.plan(gpu=True) if c.name == "peer-mnist-bf16-r1")
+    assert checks.evaluate_peer(check, found, gpu=True, matmul_peak=1e15)[1] == []
+    for key, value in {"backend": "gloo", "pin_memory": False, "precision": "fp32",
+                       "train_loss": float("nan")}.items():
+        problems = checks.evaluate_peer(check, {**found, key: value}, gpu=True,
+                                        matmul_peak=1e15)[1]
+        assert any(key.split("_")[0] in p for p in problems), key
+
+
 def _gpu_verdicts_from_a_gpu_shaped_results_file(runs):
     """The GPU mode's verdict on a results.json, shown on this run's real file rewritten
     as a GPU run would write it (a stand-in: no GPU here)."""
-    real = json.loads((runs / "course-mnist-bf16" / "results.json").read_text())
+    real = json.loads((runs / "course-mnist-bf16-r1" / "results.json").read_text())
     real["world"].update(device="cuda", backend="nccl")
     state = real["memory_per_rank"][0]["model_state_bytes"]
     real["memory_per_rank"][0]["device_peak_allocated_bytes"] = 3 * state
-    check = next(c for c in checks.plan(gpu=True) if c.name == "course-mnist-bf16")
+    check = next(c for c in checks.plan(gpu=True) if c.name == "course-mnist-bf16-r1")
 
     def verdict(change=lambda r: None):
         results = copy.deepcopy(real)
@@ -161,7 +195,63 @@ def test_only_brings_the_environment_peak_and_the_workloads_data_along(tmp_path)
 
     import gpu_check
 
-    args = argparse.Namespace(cpu=False, work=tmp_path, budget=10.0, only=["course-xsum-*"])
-    kit = gpu_check.Kit(args)
-    chosen = {c.name for c in kit.plan if kit.selected(c)}
-    assert chosen == {"environment", "matmul-peak", "prepare-xsum", "course-xsum-bf16"}
+    def chosen(*only, rounds=None):
+        args = argparse.Namespace(cpu=False, work=tmp_path, budget=10.0, only=list(only),
+                                  rounds=rounds)
+        kit = gpu_check.Kit(args)
+        return {c.name for c in kit.plan if kit.selected(c)}
+
+    assert chosen("course-xsum-bf16") == {"environment", "matmul-peak", "prepare-xsum",
+                                          "course-xsum-bf16"}
+    # rounds on the bench data; a throughput check brings its batch search along
+    assert chosen("*-cifar-bf16-r*", "throughput-cifar-*", rounds=2) == {
+        "environment", "matmul-peak", "prepare-cifar-bench", "course-cifar-bf16-r1",
+        "peer-cifar-bf16-r1", "course-cifar-bf16-r2", "peer-cifar-bf16-r2",
+        "batch-search-cifar", "throughput-cifar-bf16"}
+
+
+def test_rounds_alternate_and_the_comparison_takes_medians_of_round_ratios():
+    names = [c.name for c in checks.plan(gpu=True, rounds=3) if c.workload == "cifar"
+             and c.kind in ("train", "peer") and c.name.endswith(("-r1", "-r2", "-r3"))]
+    assert names == [f"{side}-cifar-bf16-r{k}" for k in (1, 2, 3) for side in ("course", "peer")]
+
+    def record(name, rate, status="ok"):
+        return {"name": name, "status": status, "numbers": {
+            "samples_per_s": rate, "device_util_percent_mean": rate / 100,
+            "data_wait_share": 0.01}}
+    # ratios 1.0, 2.0, 0.5 by round: the median of the ratios is 1.0, while the ratio of
+    # the medians would be 200/200 = 1.0 too; round 4's peer failed: not a pair
+    records = [record("course-cifar-bf16-r1", 100), record("peer-cifar-bf16-r1", 100),
+               record("course-cifar-bf16-r2", 400), record("peer-cifar-bf16-r2", 200),
+               record("course-cifar-bf16-r3", 200), record("peer-cifar-bf16-r3", 400),
+               record("course-cifar-bf16-r4", 900), record("peer-cifar-bf16-r4", 1, "fail"),
+               record("course-xsum-bf16-r1", 5, "skipped")]
+    (entry,) = comparison.compare(records)
+    assert entry["workload"] == "cifar" and entry["rounds"] == 4
+    assert (entry["ddl_rounds_ok"], entry["peer_rounds_ok"]) == (4, 3)
+    assert entry["ratio_ddl_over_peer"] == 1.0
+    assert (entry["ratio_min"], entry["ratio_max"]) == (0.5, 2.0)
+    assert entry["ddl_samples_per_s"] == 300 and entry["peer_samples_per_s"] == 200
+    assert entry["peer_gpu_busy_percent"] == 2.0
+
+
+def test_batch_search_doubles_then_bisects_within_the_data_ceiling():
+    """The search on a stand-in memory limit (the probe itself needs a GPU)."""
+    tried = []
+
+    def fits_up_to(limit):
+        def fits(n):
+            tried.append(n)
+            return n <= limit
+        return fits
+
+    assert batch_search.largest(fits_up_to(1000), 256, 10000) == 992
+    assert tried[:4] == [256, 512, 1024, 768]  # doubling, then bisecting
+    assert batch_search.largest(fits_up_to(10 ** 6), 256, 4096) == 4096  # the data's cap
+    assert batch_search.largest(fits_up_to(100), 256, 10000) == 96  # halving first
+    assert batch_search.largest(fits_up_to(0), 4, 100) == 0
+    import torch
+
+    batch = ({"ids": torch.arange(6).view(3, 2)}, torch.tensor([0, 1, 2]))
+    tiled = batch_search._tile(batch, 7)
+    assert tiled[0]["ids"].shape == (7, 2) and tiled[1].tolist() == [0, 1, 2, 0, 1, 2, 0]

@@ -189,7 +189,7 @@ def test_plugins_lists_cifar_with_its_presets():
     lines = proc.stdout.splitlines()
     i = next(k for k, line in enumerate(lines) if line.split()[:1] == ["cifar"])
     assert "ResNet50 v2" in lines[i]
-    assert "presets: course (default), resnet152, tiny, tiny-ghostbn; " \
+    assert "presets: course (default), resnet152, throughput, tiny, tiny-ghostbn; " \
         "from ddl-cifar " in lines[i + 1]
     support = next(line for line in lines[i + 2:] if line.split()[:1] == ["cifar"])
     assert support.split()[1] == "yes"  # ddp, the first strategy column

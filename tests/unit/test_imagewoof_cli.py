@@ -33,7 +33,7 @@ def test_ddl_plugins_lists_imagewoof_with_presets(tmp_path):
     lines = proc.stdout.splitlines()
     i = next(k for k, line in enumerate(lines) if line.split()[:1] == ["imagewoof"])
     assert "xresnet50" in lines[i]
-    assert ("presets: course (default), tiny, tiny-exact, tiny-ghostbn; from "
+    assert ("presets: course (default), throughput, tiny, tiny-exact, tiny-ghostbn; from "
             "ddl-imagewoof 0.1.0") in lines[i + 1]
     support = next(line for line in lines[i + 2:] if line.split()[:1] == ["imagewoof"])
     assert support.split()[1] == "yes"  # ddp

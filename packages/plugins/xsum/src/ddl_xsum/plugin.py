@@ -19,6 +19,14 @@ PRESETS = {
         summary="the course's setup with pretrained t5-small (60M parameters)",
         epochs=10, batch_size=4, lr=2e-3, options={"model": "t5-small", **_COURSE},
     ),
+    # the GPU check kit trains it at the largest batch that fits ~80 % of the GPU
+    # (--batch-size from its batch search); no ROUGE: generating summaries is no training
+    "throughput": Preset(
+        name="throughput",
+        summary="to fill a GPU: the course's t5-base, lengths and AdamW lr, batch 64, no ROUGE",
+        epochs=10, batch_size=64, lr=2e-3,
+        options={"model": "t5-base", **_COURSE, "rouge": False},
+    ),
     "tiny": Preset(
         name="tiny",
         summary="for CPU tests: a 2+2-layer T5 (d_model 64) from scratch, 128/32 tokens, "
