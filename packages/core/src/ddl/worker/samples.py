@@ -4,7 +4,8 @@ A dataset whose ``__getitem__`` raises, whose ``__len__`` claims more samples th
 (an IndexError late in an epoch) or whose samples do not stack into a batch otherwise fails
 deep inside the DataLoader, often in a loader process, with nothing saying which split or
 sample. :class:`GuardedDataset` and :class:`GuardedCollate` turn such a failure into a
-:class:`SampleError` naming both. The cost is one ``try`` per batch: samples are fetched in
+:class:`SampleError` naming both, and the file and line of the plugin's code a failed
+sample went through. The cost is one ``try`` per batch: samples are fetched in
 ``__getitems__`` (torch's batched fetch), and a batch remembers its indices for the collate.
 """
 
@@ -14,6 +15,7 @@ import re
 from typing import Any
 
 from ddl.contract.errors import as_one_line
+from ddl.worker.plugin_code import plugin_location
 
 #: eval_loader serves both evaluation splits; the crash report names the one that failed
 #: from where it happened (validation or the test) when the loader was not told.
@@ -89,7 +91,8 @@ class GuardedDataset:
     def failed(self, where: int | list[int], exc: BaseException) -> SampleError:
         sample = f"sample {where}" if isinstance(where, int) else \
             f"batch of samples {_listed(where)}"
-        return SampleError(f"the {self.split} split's {sample} failed: {_what(exc)} "
+        return SampleError(f"the {self.split} split's {sample} failed: {_what(exc)}"
+                           f"{plugin_location(exc.__traceback__)} "
                            f"(datasets(); its __len__ says {self.length})")
 
 
