@@ -29,17 +29,35 @@ def _norm(grad: torch.Tensor) -> torch.Tensor:
     return norm
 
 
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    return hasattr(tensor, "full_tensor")
+
+
 def total_norm(parameters: Iterable[torch.nn.Parameter], sum_over: Sequence = (),
                weights: dict[int, float] | None = None) -> torch.Tensor:
-    """The 2-norm of all gradients of ``parameters`` (see the module's docstring)."""
+    """The 2-norm of all gradients of ``parameters`` (see the module's docstring). Plain
+    gradients go through torch's multi-tensor norm in one call per weight (a handful of
+    kernels whatever the parameter count: per-parameter calls cost a kernel launch each on
+    a GPU); DTensor gradients one by one, each reduced over its own mesh."""
     import torch.distributed as dist
 
     squares = None
+    plain: dict[float, list[torch.Tensor]] = {}
     for param in parameters:
         if param.grad is None:
             continue
-        part = _norm(param.grad).square() * (weights or {}).get(id(param), 1.0)
+        weight = (weights or {}).get(id(param), 1.0)
+        if not _is_dtensor(param.grad):
+            plain.setdefault(weight, []).append(param.grad)
+            continue
+        part = _norm(param.grad).square() * weight
         squares = part if squares is None else squares + part
+    for weight, grads in plain.items():
+        norm = torch.nn.utils.get_total_norm([g.float() for g in grads]
+                                             if any(g.dtype != torch.float32 for g in grads)
+                                             else grads, 2.0)
+        part = norm.square() * weight
+        squares = part if squares is None else squares + part.to(squares.device)
     if squares is None:
         squares = torch.zeros((), dtype=torch.float32)
     for group in sum_over:
@@ -51,10 +69,15 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float,
                    sum_over: Sequence = (), weights: dict[int, float] | None = None
                    ) -> torch.Tensor:
     """Scale the gradients so their global norm is at most ``max_norm``; returns the norm
-    before clipping."""
+    before clipping. Plain gradients are scaled by torch's multi-tensor
+    ``clip_grads_with_norm_`` (the same coefficient, in a few kernels), DTensor ones each."""
     params = [p for p in parameters if p.grad is not None]
     norm = total_norm(params, sum_over, weights)
+    plain = [p for p in params if not _is_dtensor(p.grad)]
+    if plain:
+        torch.nn.utils.clip_grads_with_norm_(plain, max_norm, norm.to(plain[0].grad.device))
     coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for param in params:
-        param.grad.mul_(coefficient.to(param.grad.device))
+        if _is_dtensor(param.grad):
+            param.grad.mul_(coefficient.to(param.grad.device))
     return norm

@@ -104,6 +104,8 @@ class RunConfig(BaseModel):
         "also before every checkpoint and at each epoch's end)")
     profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
                          "torch.profiler on every rank (0 = off; ddl.worker.profiling)")
+    tf32: bool = Field(True, description="fp32 matrix products on a GPU's tensor cores "
+                       "(TF32; no effect on CPUs; ddl.worker.precision.allow_tf32)")
     count_syncs: bool = Field(False, description="count the host-device synchronisations "
                               "of every step (rank 0; ddl.worker.step_breakdown)")
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -37,7 +37,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              parallel: dict[str, int] | None = None,
              compiled: dict[str, Any] | None = None,
              threads: dict[str, Any] | None = None,
-             command: list[str] | None = None) -> dict[str, Any]:
+             command: list[str] | None = None, tf32: bool = False) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -56,6 +56,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "world": {"size": world.size, "dp_size": layout.dp_size, "backend": world.backend,
                   "device": world.device.type, "parallel": parallel or {}},
         "precision": precision,
+        "tf32": tf32,
         "loader_workers": loader_workers,
         "threads": threads or {},
         "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch,

@@ -113,7 +113,8 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
         peak_flops=peak_flops, parallel=run.context.layout.degrees(),
-        compiled=_compile_report(run), threads=threads.report(), command=command)
+        compiled=_compile_report(run), threads=threads.report(), command=command,
+        tf32=run.precision.tf32)
     if world.is_main:
         _save_model(state, run.run_dir / rundir.MODEL)
         rundir.write_json(run.run_dir / rundir.RESULTS, document)

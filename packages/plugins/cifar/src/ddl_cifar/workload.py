@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddl.contract.fast_optim import fused_on_gpu
 from ddl.contract.workload import Workload
 from ddl_cifar import data, model
 
@@ -81,7 +82,8 @@ class CifarWorkload(Workload):
 
     def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
         """The course's ``tf.keras.optimizers.SGD(lr)``: plain SGD, no momentum, no decay."""
-        return torch.optim.SGD(params, lr=lr)
+        params = list(params)
+        return torch.optim.SGD(params, lr=lr, **fused_on_gpu(params))
 
     # --- measurement and parallelism hints ------------------------------------------------
     def flops_per_sample(self) -> float:

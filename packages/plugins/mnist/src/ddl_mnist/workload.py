@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddl.contract.fast_optim import fused_on_gpu
 from ddl.contract.workload import Workload
 
 VAL_FRACTION = 0.1
@@ -89,7 +90,8 @@ class MnistWorkload(Workload):
                 "accuracy": (outputs.argmax(dim=1) == targets).to(torch.float32)}
 
     def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.Adam(params, lr=lr)
+        params = list(params)
+        return torch.optim.Adam(params, lr=lr, **fused_on_gpu(params))
 
     def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
         return [model.block1, model.block2]

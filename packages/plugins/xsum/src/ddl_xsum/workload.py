@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ddl.contract.fast_optim import fused_on_gpu
 from ddl.contract.workload import Workload
 from ddl_xsum import data
 
@@ -224,7 +225,8 @@ class XsumWorkload(Workload):
 
     # --- optimisation -------------------------------------------------------------------
     def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(params, lr=lr)
+        params = list(params)
+        return torch.optim.AdamW(params, lr=lr, **fused_on_gpu(params))
 
     def derived_metrics(self, means: dict[str, float]) -> dict[str, float]:
         """Perplexity: exp of the split's mean loss (each article's mean token loss,
