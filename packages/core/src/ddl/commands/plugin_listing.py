@@ -1,5 +1,6 @@
 """What ``ddl plugins`` prints: workloads, strategies and which strategy supports which
-workload, in columns as wide as the longest name (third-party plugins bring long ones).
+workload, in columns as wide as the longest name (third-party plugins bring long ones);
+then one line per plugin written for another contract version or using deprecated names.
 
 Works on the light specs only, so listing never imports torch.
 """
@@ -7,6 +8,7 @@ Works on the light specs only, so listing never imports torch.
 from __future__ import annotations
 
 from ddl.contract.plugins import Plugins
+from ddl.contract.version import parse_range
 
 
 def render(plugins: Plugins) -> list[str]:
@@ -25,9 +27,28 @@ def render(plugins: Plugins) -> list[str]:
                      f"from {_origin(plugins, spec.plugin)}")
     if workloads and strategies:
         lines += _support_table(workloads, strategies, width)
+    lines += _contract_notes(plugins, [*workloads.values(), *strategies.values()])
     for info in plugins.broken:
         lines.append(f"BROKEN plugin {info.name!r} ({info.source}): {info.error}")
     return [line.rstrip() for line in lines]
+
+
+def _contract_notes(plugins: Plugins, specs: list) -> list[str]:
+    """One line per plugin written for another contract version (its specs' ``contract``)
+    and per plugin that imports deprecated names; such plugins are listed, not refused."""
+    lines = []
+    declared = {(spec.plugin, spec.contract) for spec in specs if spec.contract}
+    for plugin, contract in sorted(declared):
+        problem = parse_range(contract).problem()
+        if problem:
+            lines.append(f"CONTRACT plugin {plugin!r} ({_origin(plugins, plugin)}) {problem}; "
+                         "it may fail to load or train with this ddl")
+    for info in plugins.infos:
+        if info.deprecated:
+            more = len(info.deprecated) - 1
+            lines.append(f"DEPRECATED plugin {info.name!r} ({_origin(plugins, info.name)}): "
+                         f"{info.deprecated[0]}" + (f" (and {more} more)" if more else ""))
+    return lines
 
 
 def _support_table(workloads, strategies, width: int) -> list[str]:

@@ -107,3 +107,19 @@ def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
     chosen = supported_strategies(spec, plugins) if strategies is None else strategies
     check_equivalence(name, data_dir, work_dir, plan_runs(chosen, spec.capabilities), rule,
                       preset, parallel=parallel, command=command)
+
+
+def check_ddp_equivalence(name: str, data_dir: Path, work_dir: Path, preset: str = "tiny", *,
+                          global_batch: int = 16, rtol: float = 1e-5,
+                          command: tuple[str, ...] = DDL_COMMAND) -> None:
+    """Deprecated (contract 1.x; goes in 2.1): ``check_strategies(name, data_dir, work_dir,
+    ["ddp"], preset)`` does what it did, one process against ``ddp`` on 2. Kept with its old
+    comparison (every element within ``rtol``, absolute ``rtol / 10``); a failure now names
+    the contract ``strategy:ddp``, no longer ``ddp-equivalence``."""
+    from ddl.contract.deprecation import warn
+
+    warn("ddl.conformance.check_ddp_equivalence", "use `conformance.check_strategies(name, "
+         "data_dir, work_dir, ['ddp'], preset)`")
+    rule = Tolerance("elementwise", per_tensor=False, rtol=rtol, atol=rtol * 0.1)
+    check_equivalence(name, data_dir, work_dir, plan_runs(["ddp"], frozenset()), rule, preset,
+                      global_batch=global_batch, command=command)

@@ -8,6 +8,9 @@ with its error while every other plugin keeps working.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import pluggy
 
 from ddl.contract import hookspecs
+from ddl.contract.deprecation import ContractDeprecationWarning
 from ddl.contract.errors import DdlError, UsageError
 from ddl.contract.specs import StrategySpec, WorkloadSpec
 
@@ -29,6 +33,8 @@ class PluginInfo:
     source: str  # "entry point ddl_mnist.plugin (ddl-mnist 0.1.0)" or "registered"
     error: str | None = None  # set when the plugin could not be loaded
     version: str | None = None  # "ddl-mnist 0.1.0" for installed distributions
+    # what loading it warned about: deprecated names it imports (ddl.contract.deprecation)
+    deprecated: tuple[str, ...] = ()
 
 
 class Plugins:
@@ -46,12 +52,15 @@ class Plugins:
             version = f"{ep.dist.name} {ep.dist.version}" if ep.dist else None
             source = f"entry point {ep.value}" + (f" ({version})" if version else "")
             try:
-                self._pm.register(ep.load(), name=ep.name)
+                with _deprecations() as used:
+                    module = ep.load()
+                self._pm.register(module, name=ep.name)
             except Exception as exc:  # a third party's import error must not stop ddl
                 self.infos.append(PluginInfo(ep.name, source, f"{type(exc).__name__}: {exc}",
                                              version))
             else:
-                self.infos.append(PluginInfo(ep.name, source, version=version))
+                self.infos.append(PluginInfo(ep.name, source, version=version,
+                                             deprecated=tuple(used)))
 
     def register(self, plugin: Any, name: str) -> None:
         """Register a module or object with hook implementations directly."""
@@ -106,6 +115,22 @@ class Plugins:
 
     def strategy(self, name: str) -> StrategySpec:
         return _pick(self.strategies(), name, "strategy", self.broken)
+
+
+@contextmanager
+def _deprecations() -> Iterator[list[str]]:
+    """Collect the contract deprecation warnings raised inside (a plugin's imports of moved
+    names) instead of showing them: Python hides DeprecationWarnings outside ``__main__``, so
+    ``ddl plugins`` tells them. Any other warning goes on as it would have."""
+    used: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ContractDeprecationWarning)
+        yield used
+    for w in caught:
+        if issubclass(w.category, ContractDeprecationWarning):
+            used.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _not_a_list_of(returned: Any, kind: type) -> str | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddl.contract.errors import DdlError
+from ddl.contract.version import parse_range
 
 #: Workload capabilities a strategy can require (parallelism hints, see ddl.contract.workload).
 CAPABILITIES = {
@@ -49,6 +50,13 @@ def load_factory(path: str | Callable[..., Any]) -> Callable[..., Any]:
         raise DdlError(f"cannot load {path!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def _check_contract(contract: str) -> None:
+    """A malformed range is the plugin author's error: its registration fails, and
+    `ddl plugins` lists the plugin as BROKEN with this message."""
+    if contract:
+        parse_range(contract)
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """What a workload plugin registers."""
@@ -60,6 +68,12 @@ class WorkloadSpec:
     default_preset: str
     capabilities: frozenset[str] = frozenset()
     plugin: str = ""  # filled in by the plugin manager: which plugin registered it
+    # the contract versions the plugin supports ("2", "2.1", "2-3"; ddl.contract.version);
+    # "" claims nothing. `ddl plugins` says when this ddl's version is outside them.
+    contract: str = ""
+
+    def __post_init__(self) -> None:
+        _check_contract(self.contract)
 
     def create(self, preset: Preset) -> Any:
         return load_factory(self.factory)(preset)
@@ -77,6 +91,10 @@ class StrategySpec:
     # data-parallel group (False for pipeline and tensor-parallel strategies)
     sync_bn: bool = True
     plugin: str = ""
+    contract: str = ""  # as WorkloadSpec.contract
+
+    def __post_init__(self) -> None:
+        _check_contract(self.contract)
 
     def supports(self, workload: WorkloadSpec) -> bool:
         """The light check used for listings; the strategy's own check() decides at run time."""

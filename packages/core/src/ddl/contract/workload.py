@@ -5,7 +5,9 @@ talks to this interface, so a third-party workload trains under every strategy w
 requirements it meets.
 
 Batches are ``(inputs, targets)`` pairs as the workload's datasets and default collation give
-them; :meth:`Workload.forward` and :meth:`Workload.to_device` are the places to adapt that.
+them; :meth:`Workload.to_device` is the place to adapt that, and :meth:`Workload.forward` how
+the model is called - except under a pipeline (``pp`` >= 2), which never calls ``forward``:
+it feeds the inputs to :meth:`Workload.pipeline_stages` in turn.
 """
 
 from __future__ import annotations
@@ -120,9 +122,17 @@ class Workload(ABC):
         return {}
 
     def forward(self, model: nn.Module, inputs: Any) -> Any:
+        """The outputs :meth:`loss` and :meth:`sample_metrics` receive; ``model`` is the
+        wrapped model (DDP, FSDP, tensor parallel). A pipeline (``pp`` >= 2) never calls it:
+        it runs the :meth:`pipeline_stages` on the inputs, the last stage's output going
+        to :meth:`loss`, so anything done here besides ``model(inputs)`` must be in the
+        stages too. Default: ``model(inputs)``."""
         return model(inputs)
 
     def to_device(self, batch: Any, device: torch.device) -> tuple[Any, Any]:
+        """``(inputs, targets)`` on ``device`` from a collated batch, for every strategy
+        (pipelines too) and for evaluation; override for batches that are not two
+        tensors (dicts)."""
         inputs, targets = batch
         return inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
@@ -141,8 +151,17 @@ class Workload(ABC):
         return None
 
     def lr_factor(self, epoch: int) -> float:
-        """Per-epoch learning-rate multiplier (e.g. StepLR's gamma ** epoch); 1 by default."""
+        """Per-epoch learning-rate multiplier (e.g. StepLR's gamma ** epoch); 1 by default.
+        Used through :meth:`lr_step_factor`, under ``--lr-schedule workload`` (the default)."""
         return 1.0
+
+    def lr_step_factor(self, step: int) -> float:
+        """Learning-rate multiplier at optimizer step ``step``, counted from 0 over the whole
+        run (to ``self.context.total_steps - 1``; a resumed run goes on from where it was),
+        for per-step schedules (warm-up, cosine to ``total_steps``). Called under
+        ``--lr-schedule workload`` (the default), times ddl's own ``--warmup-*`` ramp if
+        asked for. Default: :meth:`lr_factor` of the step's epoch."""
+        return self.lr_factor(step // self.context.steps_per_epoch)
 
     # --- measurement and parallelism hints ------------------------------------------------
     def flops_per_sample(self) -> float | None:
@@ -160,9 +179,13 @@ class Workload(ABC):
         return {}
 
     def prepare_tensor_parallel(self, model: nn.Module, tp_degree: int) -> None:
-        """Adjust attributes that count heads or widths, which become per-rank values once
-        the projections are split over ``tp_degree`` ranks (e.g. an attention module's
-        ``n_heads``). Called before the plan is applied."""
+        """Adjust, in place, attributes that count heads or widths, which become per-rank
+        values once the projections are split over ``tp_degree`` ranks (e.g. an attention
+        module's ``n_heads``); raise UsageError when ``tp_degree`` does not divide them.
+        Called before the plan is applied: once on the whole model on the meta device
+        before workers start, then on each rank's part - the whole model, or under pp x tp
+        each pipeline stage the rank holds (a module :meth:`pipeline_stages` returned),
+        so look the attributes up in what it is given, not by whole-model paths."""
 
     def pipeline_splits(self, model: nn.Module) -> list[str]:
         """Names of top-level children where a new pipeline stage may begin, in order.

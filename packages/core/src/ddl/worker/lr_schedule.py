@@ -7,8 +7,9 @@ starting from the unscaled learning rate when linear scaling is on (Goyal et al.
 sec. 2.2), else from 0. Shape (``--lr-schedule``), with t the progress after warm-up, 0 at
 its end and 1 at the run's last step:
 
-    workload  the workload's own per-epoch factor (``Workload.lr_factor``; the course's
-              schedule, e.g. a step decay), the default
+    workload  the workload's own factor, the default: ``Workload.lr_step_factor(step)``,
+              which by default is ``Workload.lr_factor(epoch)`` (the course's schedule,
+              e.g. a step decay)
     constant  1
     cosine    0.5 (1 + cos(pi t)), to 0 at the end (Loshchilov & Hutter, SGDR, 2017)
     linear    1 - t, to 0 at the end
@@ -27,10 +28,15 @@ SHAPES = ("workload", "constant", "cosine", "linear", "step")
 
 
 def make(shape: str, *, total_steps: int, steps_per_epoch: int, warmup_steps: int,
-         warmup_start: float, epoch_factor: Callable[[int], float]) -> Callable[[int], float]:
-    """``factor(step)`` for steps 0 .. total_steps - 1."""
+         warmup_start: float, epoch_factor: Callable[[int], float] | None = None,
+         step_factor: Callable[[int], float] | None = None) -> Callable[[int], float]:
+    """``factor(step)`` for steps 0 .. total_steps - 1; the ``workload`` shape follows
+    ``step_factor(step)``, else ``epoch_factor(epoch)``."""
     if shape not in SHAPES:
         raise ValueError(f"unknown schedule {shape!r}")
+    if step_factor is None:
+        step_factor = (lambda step: epoch_factor(step // steps_per_epoch)) if epoch_factor \
+            else (lambda step: 1.0)
     start = warmup_start
     if warmup_steps and start == 1.0:  # nothing to warm up from: start one step in
         start = 1.0 / warmup_steps
@@ -44,7 +50,7 @@ def make(shape: str, *, total_steps: int, steps_per_epoch: int, warmup_steps: in
         if step < warmup_steps:
             warm = start + (1.0 - start) * step / warmup_steps
         if shape == "workload":
-            return warm * epoch_factor(step // steps_per_epoch)
+            return warm * step_factor(step)
         t = progress(step)
         if shape == "cosine":
             return warm * 0.5 * (1.0 + math.cos(math.pi * t))

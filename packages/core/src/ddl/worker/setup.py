@@ -253,4 +253,4 @@ def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
     start = min(1.0, layout.base_lr / layout.lr) if config.lr_scaling == "linear" else 0.0
     return lr_schedule.make(config.lr_schedule, total_steps=layout.epochs * steps,
                             steps_per_epoch=steps, warmup_steps=warmup, warmup_start=start,
-                            epoch_factor=workload.lr_factor)
+                            step_factor=workload.lr_step_factor)
