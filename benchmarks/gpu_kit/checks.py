@@ -82,6 +82,7 @@ def plan(gpu: bool, rounds: int | None = None) -> list[Check]:
           for w in WORKLOADS),
         *peer_rounds(gpu, PEER_ROUNDS[gpu] if rounds is None else rounds, course),
         *throughput_checks(gpu),
+        *sync_checks(gpu),
     ]
     for check in checks:
         if (not gpu and check.cpu_skip is None and check.name not in CPU_SUBSET
@@ -119,6 +120,18 @@ def throughput_checks(gpu: bool) -> list[Check]:
                        "--workers", "8" if gpu else "0"], "bf16", data=f"{w}-bench",
                       batch_from=f"batch-search-{w}")]
     return out
+
+
+def sync_checks(gpu: bool) -> list[Check]:
+    """Per workload: ddl's course run with ``--count-syncs``, which on CUDA counts every
+    synchronising call of each step with torch's sync debug mode (ddl.worker.step_breakdown):
+    a step must make none that no flag asked for. Apart from the timed rounds (the warnings
+    cost host time). On a CPU, tests/distributed/test_step_syncs.py holds the same rule."""
+    return [Check(f"syncs-{w}-bf16", "train", 70 if w == "xsum" else 40, w,
+                  ["--preset", "course", "--steps-per-epoch", "20", "--workers", "4",
+                   "--count-syncs"], "bf16", data=f"{w}-bench",
+                  cpu_skip="on a CPU the same rule is tests/distributed/test_step_syncs.py")
+            for w in WORKLOADS]
 
 
 def _finite(value) -> bool:
@@ -180,6 +193,21 @@ def evaluate_train(check: Check, results_file: Path, *, gpu: bool, matmul_peak: 
         "device_util_percent_mean": use.get("device_util_percent_mean"),
         "device_util_source": use.get("device_source"),
     }
+    breakdown = r.get("step_breakdown") or {}
+    per_step = breakdown.get("per_step") or {}
+    numbers.update({"ddl_share": breakdown.get("ddl_share"),
+                    "strategy_per_step_s": per_step.get("strategy_s"),
+                    "ddl_per_step_s": per_step.get("ddl_s"),
+                    "tf32": r.get("tf32")})
+    syncs = breakdown.get("syncs")
+    if syncs is not None:
+        numbers.update({"syncs_counted_by": syncs["counted_by"],
+                        "syncs_unrequested": syncs["unrequested"],
+                        "syncs_unrequested_where": "; ".join(
+                            f"{where} x{n}" for where, n in syncs["unrequested_where"].items())})
+        if syncs["unrequested"]:
+            problems.append(f"{syncs['unrequested']} host-device syncs at steps no flag "
+                            f"asked for: {numbers['syncs_unrequested_where']}")
     if check.args and "--profile" in check.args:
         profile = (r.get("profile") or [{}])[0]
         trace = profile.get("trace")

@@ -214,7 +214,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         workload.optimizer(_optimizer_params(model, parallel, strategy), layout.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
-    precision = Precision.create(config.precision, world.device)
+    precision = Precision.create(config.precision, world.device, tf32=config.tf32)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
                                                                           workload))
     val_loader, test_loader = (
