@@ -101,6 +101,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", type=int, nargs="?", const=5, default=S, metavar="STEPS",
                    help="trace STEPS training steps per rank with torch.profiler (default "
                         "5, after 2 skipped): trace-rank<r>.json + a summary in results.json")
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=S,
+                   help="on GPUs, fp32 matrix products on tensor cores (TF32; default: on; "
+                        "--no-tf32 keeps full fp32 where autocast leaves it)")
     p.add_argument("--count-syncs", action=argparse.BooleanOptionalAction, default=S,
                    help="count each step's host-device synchronisations on rank 0 and say "
                         "where they come from (results.json step_breakdown.syncs)")
