@@ -67,8 +67,25 @@ def test_imagefolder_reads_the_synthetic_set(imagewoof_synthetic):
     assert label == 9 and image.size[1] >= 320
 
 
-def test_workload_splits_and_transforms(imagewoof_synthetic):
-    splits = ImagewoofWorkload(PRESETS["course"]).datasets(imagewoof_synthetic)
+def with_options(preset: str, **options) -> ImagewoofWorkload:
+    base = PRESETS[preset]
+    return ImagewoofWorkload(base.__class__(**{**base.__dict__,
+                                               "options": {**base.options, **options}}))
+
+
+def model_input(workload: ImagewoofWorkload, dataset, index: int) -> torch.Tensor:
+    """Sample ``index`` as the model sees it: collated, then through to_device (where the
+    decode-cache path crops, flips and normalises)."""
+    from torch.utils.data import default_collate
+
+    inputs, _ = workload.to_device(default_collate([dataset[index]]), torch.device("cpu"))
+    return inputs[0]
+
+
+@pytest.mark.parametrize("decode_cache", [True, False], ids=["cache", "jpeg"])
+def test_workload_splits_and_transforms(imagewoof_synthetic, decode_cache):
+    workload = with_options("course", decode_cache=decode_cache)
+    splits = workload.datasets(imagewoof_synthetic)
     n = 10 * TRAIN_PER_CLASS
     assert len(splits["train"]) == n - n // 10 and len(splits["val"]) == n // 10
     assert len(splits["test"]) == 10 * VAL_PER_CLASS  # Imagewoof's val folder
@@ -77,20 +94,23 @@ def test_workload_splits_and_transforms(imagewoof_synthetic):
     val_labels = [splits["val"].dataset.targets[i] for i in splits["val"].indices]
     assert sorted(set(val_labels)) == list(range(10))
     assert all(val_labels.count(c) == TRAIN_PER_CLASS // 10 for c in range(10))
-    x, y = splits["train"][0]
+    x, y = model_input(workload, splits["train"], 0), splits["train"][0][1]
     assert x.shape == (3, 160, 160) and x.dtype == torch.float32 and y == 0
-    # eval transform is deterministic (resize + centre crop), training is random
-    v1, v2 = splits["val"][3][0], splits["val"][3][0]
+    # eval transform is deterministic (resize + centre crop), training is random (the
+    # cache's crops: per epoch, see test_imagewoof_cache.py)
+    v1, v2 = (model_input(workload, splits["val"], 3) for _ in range(2))
     assert torch.equal(v1, v2)
-    t1, t2 = splits["train"][3][0], splits["train"][3][0]
-    assert not torch.equal(t1, t2)
+    t1 = model_input(workload, splits["train"], 3)
+    if decode_cache:
+        splits["train"].begin_epoch(1, 0)
+    assert not torch.equal(t1, model_input(workload, splits["train"], 3))
     assert abs(v1.mean().item()) < 2 and 0.2 < v1.std().item() < 3  # ImageNet-normalised
 
 
 def test_tiny_preset_caps_splits_over_all_classes(imagewoof_synthetic):
     workload = ImagewoofWorkload(PRESETS["tiny"])
     splits = workload.datasets(imagewoof_synthetic)
-    assert splits["train"][0][0].shape == (3, 64, 64)
+    assert model_input(workload, splits["train"], 0).shape == (3, 64, 64)
     # the caps (900/300) exceed this small set, so nothing is dropped
     assert len(splits["train"]) == 540 and len(splits["test"]) == 200
     capped = ImagewoofWorkload(PRESETS["tiny"].__class__(

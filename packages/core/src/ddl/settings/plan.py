@@ -90,17 +90,31 @@ def _env_int(env: Mapping[str, str], names: tuple[str, ...], launcher: str) -> i
                      "its launcher started (an srun task inside a Slurm job)")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a cgroup or ``taskset`` limit
+    counts, the machine's total does not)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def loader_workers(configured: int | None, launcher: str, nproc_per_node: int,
-                   env: Mapping[str, str] = os.environ) -> int:
-    """DataLoader processes per rank: as configured, else from the Slurm allocation (the JSC
-    course sizes them from SLURM_CPUS_PER_TASK), keeping one core for the rank itself.
-    Under a per-node launcher one Slurm task holds the CPUs of all the node's ranks."""
+                   env: Mapping[str, str] = os.environ, cores: int | None = None) -> int:
+    """DataLoader processes per rank: as configured (``--workers``, the site's default),
+    else from the CPUs per rank less one for the rank itself, at most
+    :data:`MAX_LOADER_WORKERS`. On Slurm the CPUs are the task's ``SLURM_CPUS_PER_TASK``
+    (what ``ddl submit`` asks for from the site profile; the JSC course sizes its workers
+    the same way), shared by the node's ranks unless srun started one task per rank. Off
+    Slurm (a workstation) they are the cores this process may use (``cores``, default
+    :func:`usable_cores`), shared by the ranks of the node."""
     if configured is not None:
         return configured
     cpus = int(env.get("SLURM_CPUS_PER_TASK", "0") or 0)
-    if not cpus:
-        return 0
-    per_rank = cpus // nproc_per_node if launcher in ("torchrun", "torchrun_jsc") else cpus
+    if cpus:
+        per_rank = cpus if launcher == "srun" else cpus // max(1, nproc_per_node)
+    else:
+        per_rank = (usable_cores() if cores is None else cores) // max(1, nproc_per_node)
     return max(0, min(MAX_LOADER_WORKERS, per_rank - 1))
 
 

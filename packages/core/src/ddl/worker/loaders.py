@@ -12,13 +12,24 @@ knows which positions are padding and gives them zero weight.
 
 Both loaders read through ``ddl.worker.samples``: a sample that fails names its split and
 index (a lying ``__len__`` included), a batch that does not collate names its samples.
+
+A training dataset with a ``begin_epoch(epoch, seed)`` method is told the epoch and the
+run's seed before each epoch's loader starts (the sampler's ``set_epoch``), so it can draw
+per-sample randomness from (seed, epoch, index): augmentation that is the same on any
+rank and any number of loader processes (Imagewoof's device-side crops).
+
+:class:`DeviceBatches` moves batches to the device one ahead of the training step: on CUDA
+on a side stream, so the host-to-device copy (and whatever a workload's ``to_device`` does
+there) overlaps the previous step's compute.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
+import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
@@ -55,8 +66,73 @@ class ResumableSampler(DistributedSampler):
 
     start = 0
 
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        begin = getattr(self.dataset, "begin_epoch", None)
+        if callable(begin):  # before iter(loader): fresh loader processes copy the dataset
+            begin(epoch, self.seed)
+
     def __iter__(self):
         return iter(list(super().__iter__())[self.start:])
+
+
+class DeviceBatches:
+    """``batches`` passed through ``move`` (typically ``workload.to_device``), one ahead.
+
+    On CUDA, ``move`` runs for batch k+1 on a side stream as soon as batch k is handed out,
+    so its non-blocking copies (from the loader's pinned memory) and any device-side
+    augmentation overlap step k's compute; the main stream waits on the side stream's work
+    before it uses a batch, and every tensor of it is marked as used by the main stream so
+    the caching allocator does not hand its memory out early. Elsewhere (CPU) it moves each
+    batch when asked: there is nothing to overlap.
+    """
+
+    def __init__(self, batches: Iterable, move: Callable[[Any], Any],
+                 device: torch.device) -> None:
+        self._batches = iter(batches)
+        self._move = move
+        self._device = device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._ahead: Any = None
+        self._exhausted = False
+        if self._stream is not None:
+            self._load_ahead()
+
+    def _load_ahead(self) -> None:
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._exhausted = True
+            return
+        with torch.cuda.stream(self._stream):
+            self._ahead = self._move(batch)
+
+    def __iter__(self) -> DeviceBatches:
+        return self
+
+    def __next__(self) -> Any:
+        if self._stream is None:
+            return self._move(next(self._batches))
+        if self._exhausted:
+            raise StopIteration
+        main = torch.cuda.current_stream(self._device)
+        main.wait_stream(self._stream)
+        batch, self._ahead = self._ahead, None
+        _used_on(batch, main)
+        self._load_ahead()
+        return batch
+
+
+def _used_on(batch: Any, stream: torch.cuda.Stream) -> None:
+    """``record_stream`` on every tensor in a (nested) batch."""
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    elif isinstance(batch, (list, tuple)):
+        for item in batch:
+            _used_on(item, stream)
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            _used_on(item, stream)
 
 
 def train_loader(dataset: Dataset, *, batch_size: int, replicas: int, rank: int, seed: int,

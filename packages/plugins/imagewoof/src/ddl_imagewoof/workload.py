@@ -19,12 +19,15 @@ What this workload does (and where it differs, see docs/workloads/imagewoof.md):
 * Splits: Imagewoof has no test split, so its ``val`` folder is the ``test`` split and every
   10th image of ``train`` (in ImageFolder's sorted order: stratified per class, fixed) is
   held out as ``val``. Held-out images get the eval transform.
-* Augmentation randomness comes from each rank's own torch RNG (the trainer seeds rank r
-  with seed + r), so a 2-rank run sees other crops than a 1-rank run on the same samples:
-  runs of different layouts match in data order, not in pixels. DataLoader workers derive
-  their seeds from it (torch's default), so crops also depend on the number of workers.
+* By default the images are read from a decode cache (:mod:`ddl_imagewoof.decode_cache`,
+  built on first use) and cropped, flipped and normalised per batch on the device in
+  :meth:`ImagewoofWorkload.to_device`, with crops drawn from (seed, epoch, sample index):
+  the same pixels on any layout. On the JPEG path (option ``decode_cache=False`` or
+  ``DDL_IMAGEWOOF_CACHE=off``) the transforms above run in the loader, and randomness comes
+  from each rank's own torch RNG (the trainer seeds rank r with seed + r; DataLoader workers
+  derive theirs from it), so runs of different layouts match in data order, not in pixels.
   The ``augment=False`` option (presets tiny-exact, tiny-ghostbn) trains on the eval
-  transform instead.
+  crop instead.
 * BatchNorm is per rank and per microbatch, as in fastai. ``--sync-bn`` (the core's) takes
   its statistics over all data-parallel ranks; the ``batchnorm="ghost"`` option with
   ``bn_group`` swaps in :mod:`ddl.contract.batchnorm`'s ghost BN for pipelines, so that runs
@@ -46,8 +49,11 @@ from torch import nn
 from torch.utils.data import Subset
 
 from ddl.contract.errors import DataError
+from ddl.contract.fast_optim import fused_on_gpu
 from ddl.contract.workload import Workload
 from ddl_imagewoof import data
+from ddl_imagewoof.cached_folder import EpochSubset, open_folder
+from ddl_imagewoof.device_crops import crop_batch
 from ddl_imagewoof.model import XResNet, XResNetConfig, scaled_config, train_flops_per_sample
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -90,6 +96,9 @@ class ImagewoofWorkload(Workload):
         self.augment = bool(options.get("augment", True))
         self.batchnorm = options.get("batchnorm", "plain")
         self.bn_group = options.get("bn_group")
+        # the decode cache (docs/workloads/imagewoof.md): off reads the JPEGs per epoch
+        self.decode_cache = bool(options.get("decode_cache", True))
+        self.canvas = options.get("cache_size")  # None: cached_folder.canvas_size
 
     # --- data -------------------------------------------------------------------------
     def datasets(self, data_dir: Path) -> dict:
@@ -109,6 +118,11 @@ class ImagewoofWorkload(Workload):
         held_out = copy.copy(train_folder)  # same file list, eval transform
         held_out.transform = transforms(self.image_size, train=False)
         test_folder = folder("val", train=False)
+        subset = Subset
+        if self.decode_cache:
+            cached = self._cached(train_folder, test_folder, data_dir)
+            if cached is not None:
+                (train_folder, held_out, test_folder), subset = cached, EpochSubset
 
         n = len(train_folder)
         train_idx = [i for i in range(n) if i % VAL_EVERY != VAL_EVERY - 1]
@@ -118,8 +132,33 @@ class ImagewoofWorkload(Workload):
         train_idx = _spread(train_idx, options.get("train_samples"))
         val_idx = _spread(val_idx, options.get("eval_samples"))
         test_idx = _spread(test_idx, options.get("eval_samples"))
-        return {"train": Subset(train_folder, train_idx), "val": Subset(held_out, val_idx),
+        return {"train": subset(train_folder, train_idx), "val": Subset(held_out, val_idx),
                 "test": Subset(test_folder, test_idx)}
+
+    def _cached(self, train_folder, test_folder, data_dir: Path) -> tuple | None:
+        """train, held-out and test read from the decode cache (the held-out images share
+        the train cache), or None where the cache is off or cannot be written."""
+        train = open_folder(train_folder, "train", self.image_size, data_dir,
+                            canvas=self.canvas, train=self.augment)
+        if train is None:
+            return None
+        test = open_folder(test_folder, "val", self.image_size, data_dir, canvas=self.canvas,
+                           train=False)
+        if test is None:
+            return None
+        held_out = copy.copy(train)
+        held_out.train = False
+        return train, held_out, test
+
+    def to_device(self, batch, device: torch.device):
+        """Move a batch; a decode-cache batch ((canvases, boxes), labels) is cropped,
+        flipped and normalised here, on the device, after the (uint8) copy."""
+        inputs, targets = batch
+        targets = targets.to(device, non_blocking=True)
+        if isinstance(inputs, (list, tuple)):
+            canvases, boxes = (t.to(device, non_blocking=True) for t in inputs)
+            return crop_batch(canvases, boxes, self.image_size), targets
+        return inputs.to(device, non_blocking=True), targets
 
     # --- model, loss, metrics -----------------------------------------------------------
     def build_model(self) -> nn.Module:
@@ -147,8 +186,9 @@ class ImagewoofWorkload(Workload):
         no_decay = [p for p in params if p.ndim <= 1]
         groups = [{"params": decay, "weight_decay": 0.01},
                   {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr,
-                                 betas=(0.9, 0.99), eps=1e-5)
+        groups = [g for g in groups if g["params"]]
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), eps=1e-5,
+                                 **fused_on_gpu(groups))
 
     # --- measurement and parallelism hints ------------------------------------------------
     def flops_per_sample(self) -> float:
