@@ -23,7 +23,7 @@ sys.exit(code or 0)
 
 @pytest.mark.parametrize("args", [
     ["--help"], ["plugins"], ["sites"], ["sites", "show", "lumi-g"], ["train", "--help"],
-    ["prepare", "--help"], ["submit", "--help"], ["watch", "--help"], ["layout", "--mesh", "pp=2,tp=2,dp_shard=2"],
+    ["prepare", "--help"], ["check-plugin", "--help"], ["submit", "--help"], ["watch", "--help"], ["layout", "--mesh", "pp=2,tp=2,dp_shard=2"],
     ["submit", "--site", "juwels-booster", "--nodes", "2", "--dry-run", "--plugin", "mnist"],
 ])
 def test_command_does_not_import_torch(args):

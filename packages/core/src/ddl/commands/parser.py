@@ -185,6 +185,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     _layout_parser(sub)
     sub.add_parser("plugins", help="list installed workloads and strategies")
+    _check_plugin_parser(sub)
     sites = sub.add_parser("sites", help="list known site profiles (name, short names, "
                            "description, file); `sites show NAME` prints one")
     sites.add_argument("action", nargs="?", choices=["list", "show"], default="list")
@@ -293,3 +294,19 @@ def _container_parser(sub) -> None:
 SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
                "output_dir", "container", "ddl_command", "sbatch", "dry_run", "stop_margin",
                "setup")
+
+
+def _check_plugin_parser(sub) -> None:
+    check = sub.add_parser("check-plugin", help="run the conformance kit on an installed "
+                           "workload: one line per check, exit 0 if none fails")
+    check.add_argument("name", help="workload name (as `ddl plugins` lists it)")
+    check.add_argument("--work-dir", type=Path, help="where the runs go, created if missing "
+                       "(default: ./check-plugin-NAME)")
+    check.add_argument("--data-dir", type=Path, help="the workload's data; synthetic data "
+                       "is generated there if missing (default: WORK_DIR/data)")
+    check.add_argument("--strategies", nargs="+", metavar="STRATEGY",
+                       help="strategies to run against one process (default: every one "
+                            "`ddl plugins` lists as supporting the workload)")
+    check.add_argument("--preset", default="tiny", help="default: tiny")
+    check.add_argument("--tolerance", default="auto", help="weights comparison rule: auto, "
+                       "elementwise or per-tensor (default: auto, by the optimizer)")

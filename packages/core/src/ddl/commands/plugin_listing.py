@@ -22,11 +22,13 @@ def render(plugins: Plugins) -> list[str]:
         lines.append(f"  {spec.name:<{width}} {spec.summary}")
         lines.append(f"  {'':<{width}} presets: {presets}; from {_origin(plugins, spec.plugin)}")
     lines.append("Strategies (--strategy):")
+    unavailable = {name: spec.unavailable() for name, spec in strategies.items()}
     for spec in strategies.values():
+        why = f" ({unavailable[spec.name]})" if unavailable[spec.name] else ""
         lines.append(f"  {spec.name:<{width}} {spec.summary}; "
-                     f"from {_origin(plugins, spec.plugin)}")
+                     f"from {_origin(plugins, spec.plugin)}{why}")
     if workloads and strategies:
-        lines += _support_table(workloads, strategies, width)
+        lines += _support_table(workloads, strategies, width, unavailable)
     lines += _contract_notes(plugins, [*workloads.values(), *strategies.values()])
     for info in plugins.broken:
         lines.append(f"BROKEN plugin {info.name!r} ({info.source}): {info.error}")
@@ -51,7 +53,9 @@ def _contract_notes(plugins: Plugins, specs: list) -> list[str]:
     return lines
 
 
-def _support_table(workloads, strategies, width: int) -> list[str]:
+def _support_table(workloads, strategies, width: int, unavailable: dict) -> list[str]:
+    """``yes`` where the strategy supports the workload; ``n/a`` for every workload where
+    the strategy is unavailable here (a dependency missing)."""
     names = list(strategies)
     cell_widths = [max(len(n), len("yes")) for n in names]
 
@@ -61,7 +65,8 @@ def _support_table(workloads, strategies, width: int) -> list[str]:
 
     lines = ["Support (workload x strategy):", row("", names)]
     for wl in sorted(workloads.values(), key=lambda spec: spec.name):
-        lines.append(row(wl.name, ["yes" if strategies[n].supports(wl) else "-"
+        lines.append(row(wl.name, ["n/a" if unavailable[n] else
+                                   "yes" if strategies[n].supports(wl) else "-"
                                    for n in names]))
     return lines
 

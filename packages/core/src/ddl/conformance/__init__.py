@@ -32,7 +32,14 @@ from ddl.conformance.inprocess import (
     check_spec,
     stage_name_problem,
 )
-from ddl.conformance.runs import DDL_COMMAND, STEPS, Run, check_equivalence, plan_runs
+from ddl.conformance.runs import (
+    DDL_COMMAND,
+    STEPS,
+    Run,
+    check_equivalence,
+    equivalence_results,
+    plan_runs,
+)
 from ddl.conformance.tolerance import (
     TOLERANCES,
     Tolerance,
@@ -59,6 +66,7 @@ __all__ = [
     "check_spec",
     "check_strategies",
     "check_workload",
+    "equivalence_results",
     "plan_runs",
     "stage_name_problem",
     "supported_strategies",
@@ -67,11 +75,13 @@ __all__ = [
 
 
 def supported_strategies(spec: Any, plugins: Any = None) -> list[str]:
-    """The installed strategies whose requirements the workload's capabilities meet."""
+    """The installed strategies whose requirements the workload's capabilities meet and
+    whose dependencies are installed (StrategySpec.unavailable)."""
     from ddl.contract.plugins import Plugins
 
     strategies = (plugins or Plugins()).strategies()
-    return [s for s, strategy in strategies.items() if strategy.supports(spec)]
+    return [s for s, strategy in strategies.items()
+            if strategy.supports(spec) and not strategy.unavailable()]
 
 
 def check_strategies(name: str, data_dir: Path, work_dir: Path, strategies: list[str],

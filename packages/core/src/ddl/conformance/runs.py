@@ -15,7 +15,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,9 +144,27 @@ def check_equivalence(name: str, data_dir: Path, work_dir: Path, runs: list[Run]
     """``strategy:<label>``: one process, then each of ``runs``, at the same global batch;
     up to ``parallel`` launches at a time (a launch waits on start-up and rendezvous as
     much as it computes). The first failure in ``runs`` order is raised."""
+    results = equivalence_results(name, data_dir, work_dir, runs, tolerance, preset,
+                                  global_batch=global_batch, parallel=parallel,
+                                  command=command)
+    with closing(results):  # on a failure, the launches still running finish first
+        for _, failure in results:
+            if failure is not None:
+                raise failure
+
+
+def equivalence_results(name: str, data_dir: Path, work_dir: Path, runs: list[Run],
+                        tolerance: Tolerance, preset: str = "tiny", *,
+                        global_batch: int = GLOBAL_BATCH, parallel: int = 2,
+                        command: tuple[str, ...] = DDL_COMMAND
+                        ) -> Iterator[tuple[Run | None, ContractBroken | None]]:
+    """What check_equivalence checks, one result at a time: ``(None, failure)`` for the
+    one-process reference (nothing follows a failed one), then ``(run, failure)`` per run
+    in ``runs`` order, ``failure`` None where it passed. Relative directories are read
+    from the current one (the launches run elsewhere)."""
+    data_dir, work_dir = Path(data_dir).resolve(), Path(work_dir).resolve()
     common = ("--preset", preset, "--global-batch-size", str(global_batch),
               "--data-dir", str(data_dir), *STEPS)
-    work_dir = Path(work_dir)
 
     def launch(run: Run | None) -> dict:
         if run is None:
@@ -157,9 +177,19 @@ def check_equivalence(name: str, data_dir: Path, work_dir: Path, runs: list[Run]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = [pool.submit(launch, run) for run in [None, *runs]]
         try:
-            want = futures[0].result()
+            try:
+                want = futures[0].result()
+            except ContractBroken as exc:
+                yield None, exc
+                return
+            yield None, None
             for run, future in zip(runs, futures[1:]):
-                compare(run, name, future.result(), want, tolerance)
+                try:
+                    compare(run, name, future.result(), want, tolerance)
+                except ContractBroken as exc:
+                    yield run, exc
+                else:
+                    yield run, None
         finally:
             for future in futures:
                 future.cancel()  # launches not yet started; running ones finish

@@ -92,6 +92,10 @@ class StrategySpec:
     sync_bn: bool = True
     plugin: str = ""
     contract: str = ""  # as WorkloadSpec.contract
+    # modules it imports beyond ddl's own dependencies, and what to install for them
+    # (an optional extra): without them the strategy is listed but unavailable
+    imports: tuple[str, ...] = ()
+    install: str = ""
 
     def __post_init__(self) -> None:
         _check_contract(self.contract)
@@ -100,5 +104,24 @@ class StrategySpec:
         """The light check used for listings; the strategy's own check() decides at run time."""
         return self.requires <= workload.capabilities
 
+    def unavailable(self) -> str | None:
+        """Why it cannot run here (a module of ``imports`` missing: "strategy unavailable:
+        install ..."), or None. Finds the modules without importing them (no torch)."""
+        from importlib.util import find_spec
+
+        missing = [m for m in self.imports if _find(find_spec, m) is None]
+        if not missing:
+            return None
+        return f"strategy unavailable: install {self.install or ' '.join(missing)}"
+
     def create(self, options: Mapping[str, str] | None = None) -> Any:
         return load_factory(self.factory)(dict(options or {}))
+
+
+def _find(find_spec: Callable[[str], Any], module: str) -> Any:
+    """find_spec, with a module blocked in sys.modules (None) or a parent that cannot be
+    found reading as missing."""
+    try:
+        return find_spec(module)
+    except (ImportError, ValueError):
+        return None

@@ -60,6 +60,8 @@ def build(config: RunConfig, world: World, plugins: Plugins
         raise UsageError(f"--strategy {sspec.name}: workload {wspec.name} does not provide "
                          f"{', '.join(missing)} ({CAPABILITIES[missing[0]]}); workloads that "
                          f"support {sspec.name}: {', '.join(able) or 'none installed'}")
+    if sspec.unavailable():
+        raise UsageError(f"--strategy {sspec.name}: {sspec.unavailable()}")
     preset_name, preset = resolve_preset(config, wspec)
     workload: Workload = wspec.create(preset)
     strategy: Strategy = sspec.create(config.strategy_options)

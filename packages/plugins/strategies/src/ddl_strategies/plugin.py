@@ -30,6 +30,7 @@ def ddl_register_strategies():
             name="accelerate",
             summary="Hugging Face Accelerate's Accelerator (mode=ddp or mode=fsdp)",
             factory="ddl_strategies.accelerate:AccelerateStrategy",
+            imports=("accelerate",), install="ddl-strategies[accelerate]",
         ),
         StrategySpec(
             name="pp",

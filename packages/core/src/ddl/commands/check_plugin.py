@@ -1,0 +1,82 @@
+"""``ddl check-plugin NAME``: the conformance kit (ddl.conformance) as a command. One line
+per check (PASS, FAIL or UNAVAILABLE, with the detail), then a summary; exit 0 when no check
+failed (an unavailable strategy, a dependency not installed, is no failure), 1 otherwise.
+
+The in-process checks run in order and stop at the first failure (the next ones need what
+it checks); then one process and each strategy through `ddl train`, each its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ddl.contract.errors import UsageError
+
+
+def cmd_check_plugin(ns: argparse.Namespace) -> int:
+    from ddl import conformance
+    from ddl.contract.plugins import Plugins
+
+    plugins = Plugins()
+    spec = plugins.workload(ns.name)  # unknown name: UsageError
+    strategies = plugins.strategies()
+    chosen = conformance.supported_strategies(spec, plugins) + [
+        s for s, st in strategies.items() if st.supports(spec) and st.unavailable()]
+    if ns.strategies is not None:
+        unknown = [s for s in ns.strategies if s not in strategies]
+        if unknown:
+            raise UsageError(f"--strategies: unknown {', '.join(unknown)}; installed: "
+                             f"{', '.join(strategies)}")
+        chosen = list(dict.fromkeys(ns.strategies))
+    work_dir = (ns.work_dir or Path(f"check-plugin-{spec.name}")).resolve()
+    data_dir = (ns.data_dir or work_dir / "data").resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    print(f"checking workload {spec.name!r} (preset {ns.preset}) in {work_dir}", flush=True)
+    counts = {"PASS": 0, "FAIL": 0, "UNAVAILABLE": 0}
+
+    def line(status: str, check: str, detail: str = "") -> None:
+        counts[status] += 1
+        print(f"{status:<11} {check}" + (f": {detail}" if detail else ""), flush=True)
+
+    workload = _in_process(conformance, spec, data_dir, ns.preset, line)
+    if workload is not None:
+        runnable = [s for s in chosen if not strategies[s].unavailable()]
+        for s in chosen:
+            if s not in runnable:
+                line("UNAVAILABLE", f"strategy:{s}", strategies[s].unavailable() or "")
+        if runnable:
+            rule = conformance.tolerance_for(ns.tolerance, workload.optimizer(
+                list(workload.build_model().parameters()), spec.presets[ns.preset].lr))
+            runs = conformance.plan_runs(runnable, spec.capabilities)
+            for run, failure in conformance.equivalence_results(
+                    spec.name, data_dir, work_dir, runs, rule, ns.preset):
+                label = "strategy:one process" if run is None else f"strategy:{run.label}"
+                line("FAIL" if failure else "PASS", label, failure.detail if failure else "")
+    print(f"{spec.name}: {counts['PASS']} passed, {counts['FAIL']} failed, "
+          f"{counts['UNAVAILABLE']} unavailable"
+          + ("" if workload is not None else " (later checks not run)"))
+    return 1 if counts["FAIL"] else 0
+
+
+def _in_process(conformance, spec, data_dir: Path, preset: str, line):
+    """The in-process checks, a line each; the workload object, or None after a failure."""
+    if preset not in spec.presets:
+        raise UsageError(f"--preset {preset!r}: workload {spec.name} has "
+                         f"{', '.join(spec.presets)}")
+    try:
+        conformance.check_spec(spec)
+        line("PASS", "presets, capabilities")
+        workload = conformance.check_data(spec, data_dir, preset)
+        line("PASS", "data", str(data_dir))
+        splits = conformance.check_datasets(workload, data_dir, spec.name)
+        line("PASS", "datasets", ", ".join(f"{s} {len(d)}" for s, d in splits.items()))
+        conformance.check_model(workload, splits["train"], spec.name)
+        line("PASS", "forward-backward, metrics")
+        conformance.check_hints(spec, workload)
+        hints = sorted(spec.capabilities)
+        line("PASS", "hints", ", ".join(hints) if hints else "none declared")
+    except conformance.ContractBroken as exc:
+        line("FAIL", exc.contract, exc.detail)
+        return None
+    return workload
