@@ -22,6 +22,7 @@ from ddl.settings import rundir
 from ddl.worker import checkpoint
 from ddl.worker.control import StepGuard
 from ddl.worker.evaluation import evaluate, fmt, with_derived
+from ddl.worker.loaders import DeviceBatches
 from ddl.worker.metrics import MetricSums
 from ddl.worker.observers import Observers
 from ddl.worker.profiling import StepProfiler
@@ -56,13 +57,15 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     breakdown = StepBreakdown(world.device, run.config.count_syncs)
     _sync(world.device)
     t0 = time.perf_counter()
-    batches = iter(loader)
+    # batches arrive on the device one step ahead (on CUDA the copy and the workload's
+    # to_device overlap the step before; ddl.worker.loaders.DeviceBatches)
+    batches = DeviceBatches(loader, lambda batch: workload.to_device(batch, world.device),
+                            world.device)
     for i in range(position, layout.steps_per_epoch):
         with breakdown.step() as syncs:
             breakdown.started()
             t_fetch = time.perf_counter()
-            micro = [workload.to_device(next(batches), world.device)
-                     for _ in range(layout.accumulation)]
+            micro = [next(batches) for _ in range(layout.accumulation)]
             data_wait += time.perf_counter() - t_fetch
             breakdown.fetched()
             # the first steps of an epoch also count the bytes kept for backward (cheap, but
