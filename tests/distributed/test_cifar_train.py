@@ -1,7 +1,8 @@
 """The cifar workload end to end through the real CLI, on 2 CPU processes.
 
 1. `ddl prepare --plugin cifar --synthetic` then `ddl train --plugin cifar --preset tiny
-   --nproc 2 --epochs 4`: finishes, and learns (10 shape classes: chance is 10 %).
+   --nproc 2 --epochs 4`: finishes, and learns (10 shape classes: chance is 10 %; the
+   untrained model's accuracy and loss on the same splits are the reference).
 2. Same seed, same global batch: with BatchNorm synchronised over the ranks (`--preset tiny
    --sync-bn`), 2 ranks of ddp, fsdp and accelerate end with the weights of 1 process. Plain
    BatchNorm (without --sync-bn, as in the course) normalises each rank's half-batch on its
@@ -19,6 +20,8 @@ import torch
 from conftest import run_ddl
 from ddl_cifar import data, model
 from ddl_cifar.plugin import PRESETS
+from ddl_cifar.workload import CifarWorkload
+from untrained import learning_seed, untrained_metrics
 
 pytestmark = pytest.mark.distributed
 
@@ -39,10 +42,11 @@ def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     # folder) must not break the fork server's socket (a socket path has 107 bytes at most)
     scratch = tmp_path / ("scratch-" * 10)
     scratch.mkdir()
-    # 4 of the preset's 8 epochs (CI time): measured 0.50 val / 0.47 test accuracy after 3
+    seed = learning_seed()  # DDL_TEST_SEED=1..5: the sweep recorded in docs/testing.md
+    # 4 of the preset's 8 epochs (CI time)
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--nproc", "2",
-                   "--epochs", "4", "--data-dir", str(prepared_cifar), "--run-dir",
-                   str(run_dir), cwd=tmp_path, env={"TMPDIR": str(scratch)})
+                   "--epochs", "4", "--seed", str(seed), "--data-dir", str(prepared_cifar),
+                   "--run-dir", str(run_dir), cwd=tmp_path, env={"TMPDIR": str(scratch)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # torch's agent folder was left in /tmp after every run; inductor's cache is meant to stay
     left = [p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")]
@@ -52,11 +56,20 @@ def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
     assert results["preset"] == "tiny" and len(results["epochs"]) == 4
     arch = model.Arch.from_options(PRESETS["tiny"].options)
     assert results["parameters"] == model.count_parameters(arch)["trainable"]
-    # learnability: well above chance (10 %) on held-out data, and the loss went down
-    assert results["final"]["val"]["accuracy"] >= 0.35, results["final"]
-    assert results["final"]["test"]["accuracy"] >= 0.35, results["final"]
-    losses = [e["train"]["loss"] for e in results["epochs"]]
-    assert losses[-1] < 0.8 * losses[0], losses
+    # It learned: measured from the model ddl builds at this seed before any step, on the
+    # same held-out splits (tests/untrained.py), with margins that hold across seeds and
+    # CPUs (docs/testing.md, "How learning thresholds are chosen"; issue 44: another CPU
+    # reached 0.338 val accuracy, a gain of ~0.25, and failed the ">= 0.35" that was here).
+    workload = CifarWorkload(PRESETS["tiny"])
+    for split in ("val", "test"):
+        untrained = untrained_metrics(workload, prepared_cifar, split, seed)
+        final = results["final"][split]
+        accuracy_gain = final["accuracy"] - untrained["accuracy"]
+        # seeds 1-5: 0.358-0.544; untrained 0
+        assert accuracy_gain >= 0.10, (split, final, untrained)
+        loss_ratio = final["loss"] / untrained["loss"]
+        # seeds 1-5: 0.438-0.662; untrained 1
+        assert loss_ratio < 0.9, (split, final, untrained)
 
 
 def test_loader_workers_run_under_a_long_tmpdir(tmp_path, prepared_cifar):

@@ -24,4 +24,9 @@ def test_hand_written_ddp_runs_under_torchrun_and_learns(synthetic_mnist, tmp_pa
                         r"processes", proc.stdout)
     assert [e[0] for e in epochs] == ["1", "2"], proc.stdout  # rank 0 alone reports
     (_, loss1, _), (_, loss2, acc2) = epochs
-    assert float(loss2) < float(loss1) and float(acc2) > 0.2, epochs  # chance: 0.1
+    assert float(loss2) < float(loss1), epochs
+    # Epoch 2's training accuracy. The untrained CNN on these samples, seeds 1-5: 0.089-0.135
+    # (chance 0.1); the threshold's margin holds across seeds and CPUs (docs/testing.md,
+    # "How learning thresholds are chosen"; the sweep edited the example's two seeds).
+    # seeds 1-5: 0.671-0.740; untrained 0.135
+    assert float(acc2) > 0.25, epochs

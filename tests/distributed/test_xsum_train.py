@@ -13,6 +13,7 @@ from pool_train import prepare, train_cell
 
 from ddl_xsum import data
 from ddl_xsum.plugin import PRESETS
+from untrained import learning_seed
 
 pytestmark = pytest.mark.distributed
 
@@ -29,8 +30,10 @@ def test_prepare_synthetic_then_tiny_training_learns(tmp_path):
     assert data.is_synthetic(data_dir)
 
     run_dir = tmp_path / "run"
+    seed = learning_seed()  # DDL_TEST_SEED=1..5: the sweep recorded in docs/testing.md
     proc = run_ddl("train", "--plugin", "xsum", "--preset", "tiny", "--nproc", "2",
-                   "--data-dir", str(data_dir), "--run-dir", str(run_dir), cwd=tmp_path)
+                   "--seed", str(seed), "--data-dir", str(data_dir), "--run-dir",
+                   str(run_dir), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = _results(run_dir)
     assert results["data"]["synthetic"] is True
@@ -42,14 +45,19 @@ def test_prepare_synthetic_then_tiny_training_learns(tmp_path):
     test = results["final"]["test"]
     assert set(test) == {"loss", "token_accuracy", "perplexity", "rouge1", "rouge2", "rougeL"}
     assert test["perplexity"] == pytest.approx(math.exp(test["loss"]))
-    # Learnability: measured test loss 1.84 against 2.71 on the validation split after the
-    # first epoch (4.0 averaged over the first epoch's training steps); token accuracy
-    # 0.63 against 0.53.
-    first = epochs[0]
-    assert test["loss"] < 0.8 * first["val"]["loss"], (test, first)
-    assert test["loss"] < first["train"]["loss"]
-    assert test["token_accuracy"] > first["val"]["token_accuracy"] + 0.05, (test, first)
-    assert 0.1 < test["rouge1"] <= 1.0 and test["rougeL"] <= test["rouge1"] + 1e-9
+    # It learned: against the untrained model on the test split, with margins that hold
+    # across seeds and CPUs (docs/testing.md, "How learning thresholds are chosen"). The
+    # untrained values were measured once (tests/untrained.py, seeds 1-5: loss 7.24-7.48,
+    # token accuracy 0, ROUGE 0), not per run: building the tokenised splits costs ~8 s.
+    # seeds 1-5: 1.691-1.844; untrained 7.24
+    assert test["loss"] < 6.0, test
+    # seeds 1-5: 0.605-0.665; untrained 0
+    assert test["token_accuracy"] >= 0.15, test
+    # seeds 1-5: 0.293-0.466; untrained 0 (greedy summaries of 16 test articles)
+    assert test["rouge1"] > 0.05, test
+    # exempt: ROUGE's range, and the longest common subsequence is at most the overlap
+    assert test["rouge1"] <= 1 and test["rougeL"] <= test["rouge1"] + 1e-9, test
+    assert test["loss"] < epochs[0]["train"]["loss"], (test, epochs[0])
 
 
 def test_two_ranks_match_one_process(tmp_path, synthetic_xsum, rank_pools):

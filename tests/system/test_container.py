@@ -68,7 +68,11 @@ def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, im
                                              "tp": 1}}
     assert results["data"] == {"dir": str(tmp_path / "data"), "synthetic": True}
     assert results["versions"]["torch"] == TORCH_VERSION
-    assert len(results["epochs"]) == 2 and results["final"]["test"]["accuracy"] > 0.5
+    assert len(results["epochs"]) == 2
+    # It learned (docs/testing.md, "How learning thresholds are chosen"): the same command
+    # with the host's ddl, seeds 1-5; untrained: the highest of the model before any step
+    # seeds 1-5: 0.830-0.886; untrained 0.14
+    assert results["final"]["test"]["accuracy"] > 0.35, results["final"]
 
 
 def test_cpu_image_is_at_most_2_5_gb(image):

@@ -35,6 +35,8 @@ def test_default_train_run(tmp_path):
     assert results["plugin"] == "mnist" and results["strategy"] == "ddp"
     assert results["site"] == "local" and results["preset"] == "course"
     assert results["data"]["synthetic"] is True
+    # exempt: the main job's stated target (this module's docstring), not a learning margin;
+    # measured ~0.98 (docs/getting-started.md), untrained ~0.1
     assert results["final"]["test"]["accuracy"] >= 0.90
     epochs = results["epochs"]
     assert [e["warmup"] for e in epochs] == [True, False, False, False, False]

@@ -153,6 +153,7 @@ def test_rouge_report_scores_the_references_as_perfect(tiny):
     assert report == pytest.approx({"rouge1": 1.0, "rouge2": 1.0, "rougeL": 1.0})
     untrained = workload.test_report(model, splits["test"], world, lambda: model)  # generate()
     assert set(untrained) == {"rouge1", "rouge2", "rougeL"}
+    # exempt: a bound on the untrained model's ROUGE, not a learning threshold
     assert 0.0 <= untrained["rouge1"] < 0.5
     off = dataclasses.replace(PRESETS["tiny"], options={**PRESETS["tiny"].options, "rouge": False})
     assert XsumWorkload(off).test_report(model, splits["test"], world, lambda: model) == {}
