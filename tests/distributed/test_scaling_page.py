@@ -1,10 +1,12 @@
 """docs/scaling-study.md: its block, run as written, gives what the page shows (issue 24,
-item 4) and no speed-up above ideal on 2 processes (issue 23, acceptance 1).
+item 4) and reports no speed-up above 2.2 on 2 processes (issues 23 and 38).
 
 Serial: a speed-up is a ratio of two runs' times, read with no other test on the CPU. The
 page's numbers are one machine's on one day; what must hold anywhere is their shape: the
 same table (columns, devices), throughputs of the same order (within 4x: another preset,
-batch or step count would be 5-20x off), a speed-up no higher than 2 ranks can give.
+batch or step count would be 5-20x off), no speed-up reported above what 2 ranks can give
+(a measured ratio above that is printed as invalid, with its cause: other work on a
+shared machine can still slow the baseline's rounds).
 """
 
 from __future__ import annotations
@@ -33,16 +35,18 @@ def _block(marker: str, fence: str = "sh") -> str:
 
 
 def _table(text: str) -> tuple[str, dict[int, list[str]]]:
-    """The header line and the rows by device count of a printed scaling table."""
+    """The header line (its two-word "epoch s" joined, so that its words line up with
+    a row's cells) and the rows by device count of a printed scaling table."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("devices "))
+    header = lines[start].replace("epoch s", "epoch_s")
     rows = {}
     for line in lines[start + 1:]:
         cells = line.split()
         if not cells or not cells[0].isdigit():
             break
         rows[int(cells[0])] = cells
-    return lines[start], rows
+    return header, rows
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +65,15 @@ def study(tmp_path_factory):
 
 
 def test_no_speedup_above_ideal(study):
-    where, _ = study
+    where, stdout = study
     points = json.loads((where / "runs" / "scale" / "scale.json").read_text())["points"]
     assert [p["devices"] for p in points] == [1, 2]
     for p in points:
-        assert p["speedup"] <= MAX_SPEEDUP, (p["devices"], p["speedup"], p["threads_per_rank"])
-        assert not p["above_ideal"], p["warning"]
+        assert p["threads_per_rank"] == 1, p  # the same at every point
+        if p["above_ideal"]:  # no result: shown as invalid, with its cause
+            assert p["speedup"] is None and f"warning: {p['warning']}" in stdout, p
+        else:
+            assert p["speedup"] <= MAX_SPEEDUP, (p["devices"], p["speedup"])
 
 
 def test_the_page_shows_the_table_the_block_prints(study):

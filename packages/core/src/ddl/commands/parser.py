@@ -205,6 +205,9 @@ def _measure_parsers(sub) -> None:
     scale.add_argument("--scaling", choices=["weak", "strong"], default="weak",
                        help="weak: keep the batch per replica; strong: keep the global "
                             "batch (default: weak)")
+    scale.add_argument("--rounds", type=int, help="local points: run every point this "
+                       "many times, in alternating rounds; each point is the median, with "
+                       "its spread (default: 3)")
     scale.add_argument("--output", type=Path, help="study directory (default: "
                                                    "runs/scale-<plugin>-<strategy>-<time>)")
     scale.add_argument("--peak-flops", metavar="FLOPS|measure",

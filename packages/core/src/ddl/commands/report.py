@@ -9,7 +9,11 @@ runs and by ``ddl report`` on any finished runs (e.g. after Slurm jobs ended).
 
 Speedup is the ratio of throughputs, not of epoch times: under weak scaling (per-replica
 batch kept) and with ``--steps-per-epoch`` the points' epochs hold different sample counts,
-and samples/s compares them fairly; with equal epochs the two ratios are the same.
+and samples/s compares them fairly; with equal epochs the two ratios are the same. Several
+runs of one point (``ddl scale --rounds``) become one point with their median and spread
+(ddl.commands.report_rounds). A speedup more than 10 % above ideal is no result: its point
+keeps the measured ratio as ``speedup_measured``, ``speedup`` and ``efficiency`` are empty,
+and a warning says why.
 No torch here; matplotlib is imported only to draw.
 """
 
@@ -21,14 +25,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ddl.commands import report_charts, report_html
+from ddl.commands import report_charts, report_html, report_rounds
 from ddl.contract.errors import UsageError
 from ddl.worker import mfu
 
-CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "speedup", "efficiency",
-              "mfu", "batch_per_replica", "batch_global", "data_wait_s", "data_wait_fraction",
+CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "samples_per_s_min",
+              "samples_per_s_max", "spread", "rounds", "speedup", "efficiency",
+              "speedup_measured", "above_ideal", "mfu", "batch_per_replica", "batch_global",
+              "data_wait_s", "data_wait_fraction",
               "max_peak_rss_bytes", "max_model_state_bytes", "max_device_peak_allocated_bytes",
-              "cpu_percent_mean", "device_util_percent_mean")
+              "cpu_percent_mean", "device_util_percent_mean", "warning")
 
 
 def read_results(run_dir: Path) -> dict[str, Any]:
@@ -135,26 +141,33 @@ ABOVE_IDEAL = 1.10  # a speedup more than 10 % above ideal is flagged, not belie
 
 
 def table(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sorted by devices, with speedup and efficiency against the smallest run, and a
-    warning for each point whose speedup beats the ideal by more than 10 %."""
+    """Sorted by devices, with speedup and efficiency against the smallest point. A speedup
+    more than 10 % above ideal cannot come from adding devices (only from uneven threads or
+    a baseline slowed by other load), so it is no result: ``speedup`` and ``efficiency``
+    stay empty, ``speedup_measured`` keeps the ratio and ``warning`` says why."""
     points = sorted(points, key=lambda p: p["devices"])
     base = points[0]
     for p in points:
-        p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
-        p["efficiency"] = p["speedup"] / (p["devices"] / base["devices"])
-        p["above_ideal"] = p["efficiency"] > ABOVE_IDEAL
+        ideal = p["devices"] / base["devices"]
+        measured = p["samples_per_s"] / base["samples_per_s"]
+        p["speedup_measured"] = measured
+        p["above_ideal"] = measured > ideal * ABOVE_IDEAL
+        p["speedup"] = None if p["above_ideal"] else measured
+        p["efficiency"] = None if p["above_ideal"] else measured / ideal
         p["warning"] = _why_above_ideal(p, base) if p["above_ideal"] else None
     return points
 
 
 def _why_above_ideal(p: dict[str, Any], base: dict[str, Any]) -> str:
     """The likely cause of a speedup above ideal, as far as the results tell."""
-    head = (f"{p['devices']} devices: speedup {p['speedup']:.2f} is "
-            f"{p['efficiency'] - 1:.0%} above the ideal {p['devices'] / base['devices']:g}; ")
+    ideal = p["devices"] / base["devices"]
+    head = (f"{p['devices']} devices: measured speedup {p['speedup_measured']:.2f} is "
+            f"{p['speedup_measured'] / ideal - 1:.0%} above the ideal {ideal:g}, so it is "
+            "no result; ")
     threads = (base.get("threads_per_rank"), p.get("threads_per_rank"))
     if None not in threads and base["device"] == p["device"] == "cpu":
         cores = (threads[0] * base["devices"], threads[1] * p["devices"])
-        if cores[1] > cores[0]:
+        if threads[1] > threads[0]:  # more cores per rank, not only more ranks
             return (head + f"it computed with {cores[1]} CPU threads in all against "
                     f"{cores[0]} for the {base['devices']}-device run: more cores, not "
                     "better scaling (OMP_NUM_THREADS, docs/measuring.md)")
@@ -162,19 +175,24 @@ def _why_above_ideal(p: dict[str, Any], base: dict[str, Any]) -> str:
         return (head + "the runs do not record their threads per rank (results before "
                 "ddl's thread policy); an uneven thread count, or a baseline slowed by other "
                 "load on the machine, is the usual cause")
-    return (head + f"the {base['devices']}-device baseline was probably slowed (other load "
-            "on the machine, a first epoch too short to warm up, data not yet cached): "
-            "rerun the baseline")
+    spread = ""
+    if base.get("rounds", 1) > 1:
+        spread = (f" (its samples/s ranged {base['samples_per_s_min']:.1f}-"
+                  f"{base['samples_per_s_max']:.1f} over {base['rounds']} rounds)")
+    return (head + f"the {base['devices']}-device baseline was probably slowed{spread} by "
+            "other load on the machine, a first epoch too short to warm up, or data not yet "
+            "cached: rerun on a quiet machine or with more --rounds")
 
 
 def build(run_dirs: list[Path], peak_override: float | None = None) -> dict[str, Any]:
     runs = expand(run_dirs)
-    points = table([_checked_point(d, peak_override) for d in runs])
-    workloads = {(p["plugin"], p["preset"], p["strategy"]) for p in points}
+    each_run = [_checked_point(d, peak_override) for d in runs]
+    workloads = {(p["plugin"], p["preset"], p["strategy"]) for p in each_run}
     if len(workloads) > 1:
         raise UsageError("the runs train different things ("
                          + "; ".join(" ".join(w) for w in sorted(workloads))
                          + "); a scaling report compares one workload, preset and strategy")
+    points = table(report_rounds.merge(each_run))
     return {"plugin": points[0]["plugin"], "preset": points[0]["preset"],
             "strategy": points[0]["strategy"], "scaling": scaling_kind(points),
             "baseline_devices": points[0]["devices"], "points": points}
@@ -202,23 +220,29 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
                                        else ""))
     ideal_throughput = [base["samples_per_s"] * d / base["devices"] for d in n]
     ideal_speedup = [d / base["devices"] for d in n]
+    spread = [(p["samples_per_s"] - p.get("samples_per_s_min", p["samples_per_s"]),
+               p.get("samples_per_s_max", p["samples_per_s"]) - p["samples_per_s"])
+              for p in points]
     figures = [
         ("time.png", "epoch time (s, first epoch excluded)", [p["epoch_time_s"] for p in points],
          None),
         ("throughput.png", "samples/s", [p["samples_per_s"] for p in points], ideal_throughput),
         ("speedup.png", f"speedup over {base['devices']} device(s)",
-         [p["speedup"] for p in points], ideal_speedup),
+         [p.get("speedup_measured", p["speedup"]) for p in points], ideal_speedup),
     ]
     written = []
     for name, ylabel, values, ideal in figures:
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot(n, values, "o-", label="measured")
+        ax.plot(n, values, "o-", label="measured (median)")
+        if name == "throughput.png" and any(low or high for low, high in spread):
+            ax.errorbar(n, values, yerr=list(zip(*spread)), fmt="none", capsize=4,
+                        label="min-max over the rounds")
         if ideal:
             ax.plot(n, ideal, "--", color="grey", label="ideal")
             flagged = [(d, v) for d, v, p in zip(n, values, points) if p.get("above_ideal")]
             if flagged:  # not believed: see the table's warnings
                 ax.plot(*zip(*flagged), "x", color="red", markersize=10,
-                        label="above ideal by > 10 %: suspect")
+                        label="above ideal by > 10 %: no result")
             ax.legend()
         ax.set_xlabel("devices (processes)")
         ax.set_ylabel(ylabel)
@@ -234,18 +258,42 @@ def plots(report: dict[str, Any], out: Path) -> list[Path]:
 def format_table(report: dict[str, Any]) -> str:
     how = SCALING_WORDS[report["scaling"]]
     lines = [f"{report['plugin']} ({report['preset']}) with {report['strategy']}: {how}",
-             (f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'speedup':>8} {'effic.':>7} "
-             f"{'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} {'GPU %':>6}")]
+             _how_measured(report["points"]),
+             (f"{'devices':>7} {'epoch s':>9} {'samples/s':>10} {'spread':>6} {'speedup':>8} "
+              f"{'effic.':>7} {'MFU':>8} {'data wait':>9} {'max RSS MB':>10} {'CPU %':>6} "
+              f"{'GPU %':>6}")]
     for p in report["points"]:
         mfu_text = f"{p['mfu']:.2%}" if p["mfu"] is not None else "-"
         rss = f"{p['max_peak_rss_bytes'] / 2**20:.0f}" if p["max_peak_rss_bytes"] else "-"
-        flag = "!" if p.get("above_ideal") else " "
+        spread = f"{p['spread']:.0%}" if p.get("rounds", 1) > 1 else "-"
+        if p["speedup"] is None:  # above ideal: no result, the warning below says why
+            speedup = f"{'invalid':>8}!{'-':>6}"
+        else:
+            speedup = f"{p['speedup']:>8.2f} {p['efficiency']:>6.1%}"
         lines.append(f"{p['devices']:>7} {p['epoch_time_s']:>9.2f} {p['samples_per_s']:>10.1f} "
-                     f"{p['speedup']:>8.2f}{flag}{p['efficiency']:>6.1%} {mfu_text:>8} "
+                     f"{spread:>6} {speedup} {mfu_text:>8} "
                      f"{p['data_wait_fraction']:>9.1%} {rss:>10} {_pct(p['cpu_percent_mean'])} "
                      f"{_pct(p['device_util_percent_mean'])}")
     lines += [f"warning: {p['warning']}" for p in report["points"] if p.get("warning")]
     return "\n".join(lines)
+
+
+def _how_measured(points: list[dict[str, Any]]) -> str:
+    """One line: the rounds behind each number, and whether every point ran the same
+    threads per rank (if not, a speedup compares cores as well as processes)."""
+    rounds = sorted({p.get("rounds", 1) for p in points})
+    if rounds == [1]:
+        line = "one run per point"
+    elif len(rounds) == 1:
+        line = (f"median of {rounds[0]} alternating rounds per point, spread = (max - min) / "
+                "median samples/s")
+    else:
+        line = "rounds differ between points (medians and spreads of unequal counts)"
+    threads = {p.get("threads_per_rank") for p in points}
+    if len(threads) == 1 and None not in threads:
+        return f"{line}; threads per rank: {threads.pop()} at every point"
+    per_point = ", ".join(f"{p['devices']}: {p.get('threads_per_rank') or '?'}" for p in points)
+    return f"{line}; threads per rank differ (devices: threads {per_point})"
 
 
 def _pct(value: float | None) -> str:

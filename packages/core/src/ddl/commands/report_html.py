@@ -321,11 +321,12 @@ def study_page(report: dict[str, Any], runs: list[tuple[dict[str, Any], dict[str
 
     title = (f"Scaling study: {report['plugin']} ({report['preset']}) with "
              f"{report['strategy']}")
-    head = ["devices", "epoch s", "samples/s", "speedup", "efficiency", "MFU", "data wait",
-            "max RSS MB", "CPU %", "GPU %"]
+    head = ["devices", "epoch s", "samples/s", "speedup", "efficiency", "spread", "rounds",
+            "MFU", "data wait", "max RSS MB", "CPU %", "GPU %"]
     rows = [[num(p["devices"]), num(p["epoch_time_s"], ".3f"), num(p["samples_per_s"], ".1f"),
-             num(p["speedup"], ".2f") + (" !" if p.get("above_ideal") else ""),
-             percent(p["efficiency"]), percent(p["mfu"]), percent(p["data_wait_fraction"]),
+             "invalid !" if p.get("above_ideal") else num(p["speedup"], ".2f"),
+             percent(p["efficiency"]), num(p.get("spread"), ".0%"), num(p.get("rounds", 1)),
+             percent(p["mfu"]), percent(p["data_wait_fraction"]),
              megabytes(p["max_peak_rss_bytes"]), num(p["cpu_percent_mean"], ".0f"),
              num(p["device_util_percent_mean"], ".0f")] for p, _ in runs]
     attrs = [' class="above-ideal"' if p.get("above_ideal") else "" for p, _ in runs]
@@ -334,8 +335,10 @@ def study_page(report: dict[str, Any], runs: list[tuple[dict[str, Any], dict[str
                                                                           r)[0])
                                  for p, r in runs])
     parts = [(f"<p>{text(SCALING_WORDS[report['scaling']])}; speedup and efficiency against "
-             f"{text(report['baseline_devices'])} device(s), from samples/s; epoch time "
-             "without the warm-up epoch.</p>"),
+             f"{text(report['baseline_devices'])} device(s), from samples/s (the median over "
+             "a point's rounds; spread = (max - min) / median); epoch time without the "
+             "warm-up epoch. A speedup more than 10 % above ideal is no result (invalid, "
+             "see the warnings).</p>"),
              table(head, rows, attrs=attrs, id_="scaling"),
              f'<ul class="warnings">{warnings}</ul>' if warnings else "",
              figures(*(image(p.read_bytes(), p.stem) for p in pngs),

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 
 #: The user's OMP_NUM_THREADS as the launcher found it ("" when unset).
 GIVEN = "DDL_OMP_NUM_THREADS_GIVEN"
+#: Who set that value when not the user (``ddl scale`` pins it the same for every point).
+SET_BY = "DDL_OMP_NUM_THREADS_SET_BY"
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")
 
 
@@ -48,7 +50,8 @@ def decide(*, launcher: str, local_ranks: int, bound: bool, affinity: int,
            env: Mapping[str, str] = os.environ) -> Threads:
     user = env[GIVEN] if GIVEN in env else env.get("OMP_NUM_THREADS", "")
     if user.strip().isdigit() and int(user) > 0:
-        return Threads(int(user), f"OMP_NUM_THREADS={int(user)} (set by the user)")
+        who = env.get(SET_BY) or "the user"
+        return Threads(int(user), f"OMP_NUM_THREADS={int(user)} (set by {who})")
     ranks = max(local_ranks, 1)
     if bound:
         return Threads(max(affinity, 1), f"the {affinity} cores bound to this rank")
