@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
     (["train", "--strategy", "zero9"], ["--strategy", "'zero9'", "allowed:", "ddp"]),
     (["train", "--nproc", "0"], ["--nproc", "greater than or equal to 1", "got 0"]),
     (["train", "--nproc", "two"], ["--nproc", "invalid int value: 'two'"]),
-    (["train", "--preset", "huge"], ["--preset", "'huge'", "allowed: course, tiny"]),
+    (["train", "--preset", "huge"], ["--preset", "'huge'", "allowed: course, throughput, tiny"]),
     (["train", "--batch-size", "3", "--global-batch-size", "8"],
      ["--global-batch-size: 8 is not a multiple of --batch-size 3", "allowed: multiples of"]),
     (["train", "--device", "tpu"], ["--device", "invalid choice: 'tpu'"]),
