@@ -187,7 +187,8 @@ def test_ddl_plugins_lists_xsum_with_presets_and_capabilities(tmp_path):
     lines = proc.stdout.splitlines()
     i = next(i for i, line in enumerate(lines) if line.split()[:1] == ["xsum"])
     assert "T5" in lines[i]
-    assert "presets: course (default), t5-small, throughput, tiny; from ddl-xsum" in lines[i + 1]
+    assert ("presets: course (default), t5-small, t5-large, t5-3b, throughput, tiny; "
+            "from ddl-xsum") in lines[i + 1]
     header = next(line for line in lines if line.startswith("Support"))
     names = lines[lines.index(header) + 1].split()
     support = next(line for line in lines[i + 2:] if line.split()[:1] == ["xsum"])

@@ -148,6 +148,9 @@ def make_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
                          help="default: the site's (./data)")
     prepare.add_argument("--site", default=argparse.SUPPRESS, help="default: local")
+    prepare.add_argument("--preset", default=argparse.SUPPRESS,
+                         help="the preset whose data and model files to fetch (default: the "
+                              "workload's default; e.g. xsum's t5-large adds its weights)")
     prepare.add_argument("--synthetic", action="store_true",
                          help="generate learnable synthetic data in the official format "
                               "(offline machines, CI); marked as synthetic")

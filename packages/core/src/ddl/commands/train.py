@@ -149,7 +149,8 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     plugins = Plugins()
     config = cfg.build(train_flags(ns), {}, plugins).config
     spec = plugins.workload(config.plugin)
-    workload = spec.create(spec.presets[spec.default_preset])
+    _, preset = cfg.resolve_preset(config, spec)  # --preset: unknown names refused there
+    workload = spec.create(preset)
     data_dir = Path(config.data_dir)
     if data_dir.exists() and not data_dir.is_dir():
         raise UsageError(f"--data-dir: {data_dir} exists and is not a directory")

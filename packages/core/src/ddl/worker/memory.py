@@ -8,11 +8,12 @@ resident memory (and, on GPUs, torch's peak allocation) are reported next to it.
 from __future__ import annotations
 
 import resource
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ddl.worker import build_memory
 
 
 def _local_bytes(tensor: torch.Tensor) -> int:
@@ -27,22 +28,18 @@ def rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     state = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values()
                 if isinstance(v, torch.Tensor))
     report = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": state,
-              "model_state_bytes": params + grads + state, "peak_rss_bytes": _peak_rss()}
+              "model_state_bytes": params + grads + state,
+              "peak_rss_bytes": build_memory.process_peak()}
     if device.type == "cuda":
         report["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
     return report
-
-
-def _peak_rss() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return rss if sys.platform == "darwin" else rss * 1024
 
 
 def current(device: torch.device) -> dict[str, int]:
     """This process's memory now, cheap enough for the live state (``ddl.worker.live``): the
     resident set (Linux /proc; else the peak), its peak, and on a GPU torch's allocation
     counters (host-side numbers: no device synchronisation)."""
-    peak = now = _peak_rss()
+    peak = now = build_memory.process_peak()
     try:
         with open("/proc/self/statm") as f:
             now = int(f.read().split()[1]) * resource.getpagesize()

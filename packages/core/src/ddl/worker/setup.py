@@ -23,7 +23,8 @@ from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
-from ddl.worker import activation_checkpointing, checkpoint, compiling, lr_schedule, sync_bn
+from ddl.worker import (activation_checkpointing, build_memory, checkpoint, compiling,
+                         lr_schedule, sync_bn)
 from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
@@ -148,6 +149,7 @@ class Run:
     saved_tensors: SavedTensorMeter | None = None
     first_step_s: float | None = None  # --compile: the first step's wall time, compiling
     loader_noted: bool = False  # the loader-bound note was printed (once per run)
+    build_peak_bytes: int | None = None  # building and wrapping the model (build_memory)
 
     def say(self, message: str) -> None:
         """Print on rank 0 only, so N ranks do not repeat each line N times."""
@@ -200,18 +202,8 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                                total_steps=layout.epochs * layout.steps_per_epoch)
 
     seed_all(config.seed)  # identical initial weights on every rank
-    model = workload.build_model()
-    if config.sync_bn:  # before wrapping: strategies shard or split what they are given
-        model = sync_bn.apply(model, world)
-    # per block unit, before wrapping: checkpointing inside, compiling around, sharding outside
-    if config.activation_checkpointing != "none" or config.compile:
-        units = workload.fsdp_units(model)
-        activation_checkpointing.apply(units, config.activation_checkpointing)
-        if config.compile:
-            compiling.apply(units)
-    # counted before wrapping: a pipeline rank keeps only its own stages afterwards
-    parameters = sum(p.numel() for p in model.parameters())
-    model = strategy.wrap(model, parallel)
+    with build_memory.measure(world.device) as build_peak:  # the build's own peak
+        model, parameters = _build_model(config, world, workload, strategy, parallel)
     optimizer = strategy.prepare_optimizer(
         workload.optimizer(_optimizer_params(model, parallel, strategy), layout.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
@@ -228,7 +220,26 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,
                precision=precision, workers=workers, train_loader=loader,
                val_loader=val_loader, test_loader=test_loader,
-               saved_tensors=None if config.compile else SavedTensorMeter())
+               saved_tensors=None if config.compile else SavedTensorMeter(),
+               build_peak_bytes=build_peak.bytes)
+
+
+def _build_model(config: RunConfig, world: World, workload: Workload, strategy: Strategy,
+                 parallel: StrategyContext) -> tuple[torch.nn.Module, int]:
+    """The workload's model with the block options applied and wrapped by the strategy;
+    and its parameter count, taken before wrapping (a pipeline rank keeps only its own
+    stages afterwards)."""
+    model = workload.build_model()
+    if config.sync_bn:  # before wrapping: strategies shard or split what they are given
+        model = sync_bn.apply(model, world)
+    # per block unit, before wrapping: checkpointing inside, compiling around, sharding outside
+    if config.activation_checkpointing != "none" or config.compile:
+        units = workload.fsdp_units(model)
+        activation_checkpointing.apply(units, config.activation_checkpointing)
+        if config.compile:
+            compiling.apply(units)
+    parameters = sum(p.numel() for p in model.parameters())
+    return strategy.wrap(model, parallel), parameters
 
 
 def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,

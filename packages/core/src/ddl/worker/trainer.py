@@ -98,6 +98,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
                                      lambda: strategy.generation_model(evaluated, run.context)))
     run.say(f"test  {fmt(test)}")
     mine = rank_memory(model, run.optimizer, world.device)
+    mine["build_peak_bytes"] = run.build_peak_bytes  # building and wrapping the model
     if run.saved_tensors is not None:  # activations: what one micro-step keeps for backward
         mine["saved_for_backward_bytes"] = run.saved_tensors.peak_bytes
     memory = gather(mine, world.size)

@@ -49,6 +49,10 @@ COLUMNS = ("document", "summary", "id")  # XSum's schema
 
 HUB_DATASET = "EdinburghNLP/xsum"  # the course's "xsum", moved under its authors' org
 HUB_MODELS = {"t5-base": "google-t5/t5-base", "t5-small": "google-t5/t5-small"}
+#: Bigger models, fetched only for a preset that names them (``ddl prepare --plugin xsum
+#: --preset t5-large``: 3 GB; t5-3b: 11 GB); without their weights a run initialises them
+#: randomly from :data:`T5_SHAPES` and says so in one line.
+LARGE_HUB_MODELS = {"t5-large": "google-t5/t5-large", "t5-3b": "google-t5/t5-3b"}
 SYNTHETIC_TOKENIZER = "synthetic-tokenizer"
 
 #: Architecture of each model name, for models built from a config (Raffel et al. 2020,
@@ -56,6 +60,8 @@ SYNTHETIC_TOKENIZER = "synthetic-tokenizer"
 T5_SHAPES: dict[str, dict] = {
     "t5-small": {"d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6},
     "t5-base": {"d_model": 768, "d_ff": 3072, "d_kv": 64, "num_heads": 12, "num_layers": 12},
+    "t5-large": {"d_model": 1024, "d_ff": 4096, "d_kv": 64, "num_heads": 16, "num_layers": 24},
+    "t5-3b": {"d_model": 1024, "d_ff": 16384, "d_kv": 128, "num_heads": 32, "num_layers": 24},
     # No dropout: a small model trained for a few epochs does not need it, and without it a
     # run on N processes reproduces the single-process run exactly.
     "t5-tiny": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 2,
@@ -221,8 +227,11 @@ def check(data_dir: Path, *, model: str, tokenizer: str) -> None:
     synthetic = is_synthetic(data_dir)
     check_dataset(data_dir)
     check_tokenizer_dir(tokenizer_dir(data_dir, tokenizer, synthetic), data_dir)
+    if not synthetic and model in LARGE_HUB_MODELS and not model_dir(data_dir, model,
+                                                                     False).exists():
+        return  # not fetched: random initialisation (the workload says so)
     check_model_dir(model_dir(data_dir, model, synthetic), data_dir,
-                    weights=not synthetic and model in HUB_MODELS)
+                    weights=not synthetic and model in {**HUB_MODELS, **LARGE_HUB_MODELS})
 
 
 # ---------------------------------------------------------------------------
@@ -302,7 +311,7 @@ def _short(exc: BaseException) -> str:
         else type(exc).__name__
 
 
-def download(data_dir: Path) -> Path:
+def download(data_dir: Path, extra_models: tuple[str, ...] = ()) -> Path:
     """Fetch the course's XSum slices and the T5 models into ``<data_dir>/xsum``.
 
     Safe to re-run: parts of a real set that validate are kept. A synthetic set is replaced
@@ -317,7 +326,7 @@ def download(data_dir: Path) -> Path:
     quiet_hf()
     try:
         with datafiles.scratch_dir(target, "download") as staging:
-            _download_into(staging, data_dir)
+            _download_into(staging, data_dir, extra_models)
         check(data_dir, model="t5-base", tokenizer="t5-base")
     except DdlError:
         raise
@@ -326,7 +335,7 @@ def download(data_dir: Path) -> Path:
     return target
 
 
-def _download_into(staging: Path, data_dir: Path) -> None:
+def _download_into(staging: Path, data_dir: Path, extra_models: tuple[str, ...] = ()) -> None:
     """Download what is missing into ``staging``, then install it under ``<data_dir>/xsum``."""
     target = xsum_dir(data_dir)
     new = staging / XSUM
@@ -351,7 +360,8 @@ def _download_into(staging: Path, data_dir: Path) -> None:
     from transformers import AutoTokenizer, T5ForConditionalGeneration
 
     vocab = None
-    for name, repo in HUB_MODELS.items():
+    wanted = {**HUB_MODELS, **{m: LARGE_HUB_MODELS[m] for m in extra_models}}
+    for name, repo in wanted.items():
         where = model_dir(data_dir, name, False)
         if complete(lambda w=where: (check_model_dir(w, data_dir, weights=True),
                                      check_tokenizer_dir(w, data_dir))):

@@ -19,6 +19,20 @@ PRESETS = {
         summary="the course's setup with pretrained t5-small (60M parameters)",
         epochs=10, batch_size=4, lr=2e-3, options={"model": "t5-small", **_COURSE},
     ),
+    # bigger models for layouts that shard them (FSDP, tensor and pipeline parallel):
+    # pretrained when `ddl prepare --plugin xsum --preset NAME` fetched them, else random
+    "t5-large": Preset(
+        name="t5-large",
+        summary="the course's setup with t5-large (738M parameters); pretrained if "
+                "`ddl prepare --preset t5-large` fetched it, else random",
+        epochs=10, batch_size=4, lr=2e-3,
+        options={"model": "t5-large", "tokenizer": "t5-base", **_COURSE}),
+    "t5-3b": Preset(
+        name="t5-3b",
+        summary="the course's setup with t5-3b (2.9B parameters); pretrained if "
+                "`ddl prepare --preset t5-3b` fetched it, else random",
+        epochs=10, batch_size=4, lr=2e-3,
+        options={"model": "t5-3b", "tokenizer": "t5-base", **_COURSE}),
     # the GPU check kit trains it at the largest batch that fits ~80 % of the GPU
     # (--batch-size from its batch search); no ROUGE: generating summaries is no training
     "throughput": Preset(

@@ -180,15 +180,39 @@ class XsumWorkload(Workload):
 
         synthetic = data.is_synthetic(self._data_dir)
         where = str(data.model_dir(self._data_dir, self.model_name, synthetic))
-        if not synthetic and self.model_name in data.HUB_MODELS:
+        if self._random_large(synthetic, where):
+            if self.context is None or self.context.world.rank == 0:
+                print(f"ddl: xsum: no pretrained {self.model_name} in {where} (`ddl prepare "
+                      f"--plugin xsum --preset {self.model_name}` fetches it on a login "
+                      "node); training from random initialisation", flush=True)
+            config = data.t5_config(self.model_name, len(self.tokenizer(self._data_dir)))
+            config.use_cache = False
+            return self._remember_vocab(T5ForConditionalGeneration(config))
+        if not synthetic and self.model_name in {**data.HUB_MODELS, **data.LARGE_HUB_MODELS}:
             # use_cache=False as in the course: no key/value cache during training.
             model = T5ForConditionalGeneration.from_pretrained(
                 where, use_cache=False, dtype=torch.float32, local_files_only=True)
         else:  # a config only: random initialisation (seeded alike on every rank)
             config = T5Config.from_pretrained(where, use_cache=False, local_files_only=True)
             model = T5ForConditionalGeneration(config)
+        return self._remember_vocab(model)
+
+    def _random_large(self, synthetic: bool, where: str) -> bool:
+        """A bigger model (t5-large, t5-3b) whose weights ``ddl prepare`` did not fetch."""
+        return (not synthetic and self.model_name in data.LARGE_HUB_MODELS
+                and not Path(where).exists())
+
+    def _remember_vocab(self, model: nn.Module) -> nn.Module:
         self._vocab_size = model.config.vocab_size
         return model
+
+    def prepare(self, data_dir: Path, *, synthetic: bool) -> Path:
+        """The contract's prepare; a real download also fetches this preset's model when
+        it is one of the bigger ones (``ddl prepare --plugin xsum --preset t5-large``)."""
+        if synthetic:
+            return super().prepare(data_dir, synthetic=True)
+        extra = (self.model_name,) if self.model_name in data.LARGE_HUB_MODELS else ()
+        return data.download(data_dir, extra)
 
     def to_device(self, batch: dict[str, torch.Tensor], device: torch.device):
         # Trim the fixed-length padding to the longest sequence of this batch (exact, see
