@@ -46,6 +46,12 @@ class Workload(ABC):
     #: Dotted name of the module whose ``write_synthetic(data_dir) -> Path`` generates a
     #: learnable stand-in in the same layout (``ddl prepare --synthetic``).
     synthetic_module: str = ""
+    #: Convolutional models: on a CUDA device ddl stores the model's 4-D weights channels
+    #: last (NHWC) before the strategy wraps it, which cuDNN's tensor-core convolutions
+    #: run fastest; the first convolution then turns the inputs NHWC too. The same
+    #: arithmetic in another memory order: results agree within fp32 rounding (on a CPU,
+    #: where torch has both layouts, tests/unit/test_channels_last.py compares them).
+    channels_last: bool = False
 
     def _module(self, attribute: str) -> Any:
         from importlib import import_module

@@ -24,7 +24,7 @@ from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
 from ddl.worker import (activation_checkpointing, build_memory, checkpoint, compiling,
-                         lr_schedule, sync_bn)
+                         lr_schedule, mesh, sync_bn)
 from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
@@ -178,6 +178,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
     ``workers`` is the number of DataLoader processes per rank."""
     strategy, parallel, layout = build(config, world, plugins)
+    parallel = replace(parallel, mesh=mesh.build(parallel.layout, world))  # the one mesh
     workload = parallel.workload
     data_dir = Path(config.data_dir)
     context = RunContext(data_dir=data_dir, world=world, parallel=parallel.layout,
@@ -188,10 +189,10 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     splits = workload.datasets(data_dir)
 
     pin = world.device.type == "cuda"
-    dp_rank = parallel.layout.dp_rank(world.rank)
+    dp_rank, dp_size = mesh.data_shard(parallel.mesh)
     # The loader delivers micro-batches; an optimizer step takes `accumulation` of them.
     loader = train_loader(splits["train"], batch_size=layout.micro_batch,
-                          replicas=layout.dp_size, rank=dp_rank, seed=config.seed,
+                          replicas=dp_size, rank=dp_rank, seed=config.seed,
                           workers=workers, pin_memory=pin)
     steps = len(loader) // layout.accumulation
     if steps == 0:
@@ -212,7 +213,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
                                                                           workload))
     val_loader, test_loader = (
-        eval_loader(splits[s], batch_size=layout.micro_batch, replicas=layout.dp_size,
+        eval_loader(splits[s], batch_size=layout.micro_batch, replicas=dp_size,
                     rank=dp_rank, workers=workers, pin_memory=pin, split=s)
         for s in ("val", "test"))
     return Run(config=config, world=world, run_dir=run_dir, workload=workload,
@@ -230,8 +231,10 @@ def _build_model(config: RunConfig, world: World, workload: Workload, strategy: 
     and its parameter count, taken before wrapping (a pipeline rank keeps only its own
     stages afterwards)."""
     model = workload.build_model()
+    if workload.channels_last and world.device.type == "cuda":  # before DDP's buckets
+        model = model.to(memory_format=torch.channels_last)
     if config.sync_bn:  # before wrapping: strategies shard or split what they are given
-        model = sync_bn.apply(model, world)
+        model = sync_bn.apply(model, world, parallel.mesh)
     # per block unit, before wrapping: checkpointing inside, compiling around, sharding outside
     if config.activation_checkpointing != "none" or config.compile:
         units = workload.fsdp_units(model)

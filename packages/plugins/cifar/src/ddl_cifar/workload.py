@@ -42,6 +42,7 @@ class CifarWorkload(Workload):
     # --- data -------------------------------------------------------------------------
     data_module = "ddl_cifar.data"
     synthetic_module = "ddl_cifar.synthetic"
+    channels_last = True  # NHWC convolutions on CUDA (ddl.contract.workload)
 
     def transforms(self, train: bool):
         from torchvision.transforms import v2

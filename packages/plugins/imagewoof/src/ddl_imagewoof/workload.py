@@ -83,6 +83,7 @@ def _spread(indices: list[int], n: int | None) -> list[int]:
 class ImagewoofWorkload(Workload):
     data_module = "ddl_imagewoof.data"
     synthetic_module = "ddl_imagewoof.synthetic"
+    channels_last = True  # NHWC convolutions on CUDA (ddl.contract.workload)
 
     def __init__(self, preset) -> None:
         super().__init__(preset)

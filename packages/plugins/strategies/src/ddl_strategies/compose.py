@@ -110,12 +110,13 @@ class MeshStrategy(Strategy):
         if self._replicate_only(run):
             bucket_mb = self.option_number("bucket_cap_mb", 25.0, above=0)
             return ddp.replicate(model, world, bucket_mb)
-        mesh = p.device_mesh(world.device.type)
+        # the worker's one mesh (ddl.worker.mesh); callers without one get the layout's
+        mesh = run.mesh if run.mesh is not None else p.device_mesh(world.device.type)
         units = workload.fsdp_units(model)  # of the whole model, before any cut
         plan = workload.tp_plan(model) if p.tp > 1 else {}
         if p.pp > 1:
             n_stages = self._stages(run)
-            stage_ids = pipeline.my_stage_ids(p.coordinates(world.rank)["pp"], p.pp, n_stages)
+            stage_ids = pipeline.my_stage_ids(mesh["pp"].get_local_rank(), p.pp, n_stages)
             stages = workload.pipeline_stages(model, n_stages)
             parts = [stages[i] for i in stage_ids]
         else:

@@ -125,8 +125,10 @@ class Pipeline:
         self.world, self.microbatches, self.pp_group = world, microbatches, pp_group
         self.schedule_name, self.v, self.pp, self.n_stages = \
             schedule, len(stage_ids), pp, n_stages
-        stride = world.size // pp  # ranks per pipeline stage: pipeline outermost
-        replica = world.rank % stride  # which of those this rank is
+        # this pipeline's ranks, in pp order: its first names the replica (its copies of a
+        # tied weight are summed within the pipeline, not across replicas)
+        members = dist.get_process_group_ranks(pp_group)
+        replica = members[0]
         from torch.distributed import pipelining
 
         self.stages = [pipelining.PipelineStage(part, i, n_stages, world.device, group=pp_group)
@@ -143,7 +145,7 @@ class Pipeline:
         self.params = list(mine.parameters())  # each shared parameter once
         self.shared = _shared_across_ranks(mine, world, replica)
         self.has_first, self.has_last = 0 in stage_ids, n_stages - 1 in stage_ids
-        self.last_rank = ((n_stages - 1) % pp) * stride + replica
+        self.last_rank = members[(n_stages - 1) % pp]  # holds the last stage
         self.busy = 0.0  # seconds of stage compute in measured steps
         self.wall = 0.0  # seconds of those steps
         self.steps = 0

@@ -1,0 +1,33 @@
+"""The run's one DeviceMesh: built once per worker from the parallel layout, handed to
+everything that needs a rank or a group through the strategy context (``run.mesh``).
+
+After torchtitan's ParallelDims: the four named dimensions of the layout
+(``pp``, ``dp_replicate``, ``dp_shard``, ``tp``; sizes of 1 included, so each can be sliced
+by name) and ``dp``, the two data-parallel dimensions flattened into one: the ranks that
+see different data. The strategies shard and split over ``mesh[dim]``, the pipeline runs
+over ``mesh["pp"]``, sync-BN reduces over ``mesh["dp"]``, and the data loaders take their
+share of the batch from ``mesh["dp"]``'s local rank. No other module works a rank out by
+arithmetic (tests/unit/test_mesh_owner.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddl.contract.layout import ParallelLayout
+from ddl.contract.world import World
+
+DP = "dp"  # the flattened data-parallel dimension
+
+
+def build(layout: ParallelLayout, world: World) -> Any:
+    """The mesh of ``layout`` over this world (a collective: every rank calls it)."""
+    mesh = layout.device_mesh(world.device.type)
+    mesh["dp_replicate", "dp_shard"]._flatten(DP)  # torch's way to name a flattened slice
+    return mesh
+
+
+def data_shard(mesh: Any) -> tuple[int, int]:
+    """(which share of the global batch this rank trains on, how many shares)."""
+    dp = mesh[DP]
+    return dp.get_local_rank(), dp.size()
