@@ -143,3 +143,49 @@ def test_resume_rejects_a_checkpoint_of_another_workload_in_one_line(runs, tmp_p
                    "--data-dir", str(data), "--run-dir", str(tmp_path / "r"),
                    "--resume", str(runs / "first"), cwd=tmp_path)
     assert_one_line_error(proc, "--resume", "mnist")
+
+
+def test_kill_during_an_async_write_then_resume_auto_is_bit_identical(runs, synthetic_mnist):
+    """--async-checkpoint (issue 40, item 6): the run is SIGKILLed while the checkpoint of
+    step 4 is being written in the background (each rank's writer thread holds after its
+    shards are on disk, before the manifest: DDL_TEST_HOLD_ASYNC_CHECKPOINT). By then the
+    newest checkpoint is still the epoch end's (step 3), ``latest`` names it, and step 4 is
+    only a .partial directory. ``--resume auto`` (asynchronous too) takes step 3, removes the
+    partial, and ends bit-identical to the uninterrupted synchronous run."""
+    import os
+    import subprocess
+    import time
+
+    from conftest import DDL, end_session
+
+    run_dir = runs / "async-killed"
+    partial = run_dir / "checkpoints" / ".step-00000004.partial"
+    args = [*COMMON, "--nproc", "2", "--strategy", "fsdp", "--epochs", "2", "--data-dir",
+            str(synthetic_mnist), "--run-dir", str(run_dir), "--checkpoint-every", "2",
+            "--async-checkpoint"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DDL_TEST_HOLD_ASYNC_CHECKPOINT": "4"}
+    proc = subprocess.Popen([DDL, *args], cwd=runs, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not all((partial / f"held-{rank}").exists() for rank in (0, 1)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the write of step 4 never started"
+            time.sleep(0.05)
+        checkpoints = run_dir / "checkpoints"
+        assert (checkpoints / "latest").read_text() == "step-00000003"
+        assert not (checkpoints / "step-00000004").exists()
+        assert not (partial / "manifest.json").exists()
+        proc.kill()  # the launcher; its workers die with it (parent-death signal)
+        proc.communicate(timeout=60)
+    finally:
+        end_session(proc)
+
+    resumed = _train(run_dir, synthetic_mnist, 2, "fsdp", 2, "--resume", "auto",
+                     "--checkpoint-every", "2", "--async-checkpoint")
+    assert f"resumed from {run_dir / 'checkpoints' / 'step-00000003'}" in resumed.stdout
+    assert not partial.exists()
+    whole, got = _weights(runs / "whole"), _weights(run_dir)
+    assert all(torch.equal(got[k], whole[k]) for k in whole)
+    stall = json.loads((run_dir / "results.json").read_text())["checkpoints"]["stall"]
+    assert stall["saves"] == 2 and stall["max_s"] > 0  # step 4 and the end of epoch 2

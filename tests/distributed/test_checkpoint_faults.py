@@ -21,7 +21,7 @@ from conftest import assert_one_line_error, run_ddl
 
 pytestmark = pytest.mark.distributed
 
-STEPS = 10
+STEPS = 12
 ARGS = ["train", "--plugin", "mnist", "--preset", "tiny", "--global-batch-size", "64",
         "--epochs", "1", "--steps-per-epoch", str(STEPS), "--seed", "7", "--nproc", "2",
         "--strategy", "fsdp", "--checkpoint-every", "1", "--keep-checkpoints", str(STEPS)]
@@ -78,6 +78,36 @@ def _craft_rng(path, target):
     _rewrite_manifest(path)
 
 
+def _craft_trainer(path):
+    """A position far beyond the epoch (it would skip the epoch, count samples negative)."""
+    state = json.loads((path / "trainer.json").read_text())
+    (path / "trainer.json").write_text(json.dumps({**state, "position": 10 ** 12}))
+    _rewrite_manifest(path)
+
+
+def _craft_bytes_item(path, target):
+    """A non-tensor DCP item (an optimizer hyper-parameter) replaced by a pickle that would
+    run code, appended to its data file, with .metadata and the manifest made to match."""
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    from ddl.worker import safe_load
+
+    metadata = safe_load.read_metadata(path)
+    index = next(i for i in sorted(metadata.storage_data, key=lambda i: i.fqn)
+                 if isinstance(metadata.state_dict_metadata[i.fqn], BytesStorageMetadata))
+    info = metadata.storage_data[index]
+    buffer = io.BytesIO()
+    torch.save({"lr": _Payload(target)}, buffer)
+    with open(path / info.relative_path, "ab") as f:
+        info.offset, info.length = f.tell(), len(buffer.getvalue())
+        f.write(buffer.getvalue())
+    (path / ".metadata").write_bytes(pickle.dumps(metadata))
+    _rewrite_manifest(path)
+
+
 def _mistype_trainer(path):
     state = json.loads((path / "trainer.json").read_text())
     (path / "trainer.json").write_text(json.dumps({**state, "step": str(state["step"])}))
@@ -103,6 +133,8 @@ def test_resume_auto_skips_each_damaged_checkpoint_in_one_line(trained, syntheti
     run_dir = _interrupted_copy(trained, "damaged")
     created = trained / "pwned"  # what a crafted pickle would create
     faults = {  # step: (damage, a word the skip line must hold)
+        12: (_craft_trainer, "position 1000000000000 is beyond step 12"),
+        11: (lambda p: _craft_bytes_item(p, created), "does not load weights-only"),
         10: (lambda p: _truncate(p / "__0_0.distcp"), "__0_0.distcp is"),
         9: (lambda p: _flip(p / "__1_0.distcp"), "__1_0.distcp does not match its sha256"),
         8: (lambda p: _truncate(p / ".metadata"), ".metadata is"),
@@ -118,6 +150,8 @@ def test_resume_auto_skips_each_damaged_checkpoint_in_one_line(trained, syntheti
     elsewhere = trained / "elsewhere"  # an intact checkpoint outside the run directory
     shutil.copytree(_ckpt(trained / "trained", STEPS), elsewhere / "step-00000099")
     (run_dir / "checkpoints" / "latest").write_text(str(elsewhere / "step-00000099"))
+    stale = run_dir / "checkpoints" / ".step-00000013.partial"  # a kill's, another cadence
+    shutil.copytree(_ckpt(trained / "trained", STEPS), stale)
 
     proc = _train(synthetic_mnist, run_dir, "--resume", "auto")
 
@@ -130,6 +164,7 @@ def test_resume_auto_skips_each_damaged_checkpoint_in_one_line(trained, syntheti
     assert f"resumed from {_ckpt(run_dir, 1)} (step 1" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not created.exists()
+    assert not stale.exists()  # removed at the start (issue 43, item 11)
 
     got = torch.load(run_dir / "model.pt", weights_only=True)
     want = torch.load(trained / "trained" / "model.pt", weights_only=True)
@@ -144,7 +179,7 @@ def test_naming_a_crafted_checkpoint_fails_in_one_line_and_runs_nothing(trained,
     proc = run_ddl(*ARGS, "--data-dir", str(synthetic_mnist), "--run-dir",
                    str(trained / "fresh"),
                    "--resume", str(_ckpt(run_dir, STEPS)), cwd=trained)
-    assert_one_line_error(proc, "--resume", "step-00000010", ".metadata", "refused")
+    assert_one_line_error(proc, "--resume", f"step-{STEPS:08d}", ".metadata", "refused")
     assert not created.exists()
 
 

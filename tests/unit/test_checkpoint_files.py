@@ -87,3 +87,58 @@ def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
     checkpoint.set_rng_states(torch.load(path, weights_only=True))
     got = (torch.rand(3), random.random(), np.random.rand())
     assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
+def test_leftovers_of_killed_saves_are_removed_and_nothing_else(tmp_path):
+    """A .step-N.partial stays for ever when the resumed run saves other steps (another
+    --checkpoint-every): a run's start removes its own leftovers (issue 43, item 11), only
+    those exact names, never through a link."""
+    root = tmp_path / "checkpoints"
+    kept = _complete(tmp_path, 4)
+    partial = root / ".step-00000007.partial"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"x" * 100)
+    (root / ".latest.tmp").write_text("step-00000004")
+    (root / "latest").write_text("step-00000004")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.me").write_text("x")
+    (root / ".step-00000009.partial").symlink_to(outside)  # a link: left alone
+    (root / ".step-12.partial").mkdir()  # not a name ddl writes
+    (root / ".hidden").write_text("x")
+    assert checkpoint.remove_leftovers(tmp_path) == [".latest.tmp", ".step-00000007.partial"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        ".hidden", ".step-00000009.partial", ".step-12.partial", "latest", kept.name]
+    assert (outside / "keep.me").is_file()
+    assert checkpoint.remove_leftovers(tmp_path / "nowhere") == []
+
+
+def test_pruning_keeps_the_checkpoint_just_written(tmp_path):
+    """A resume that skipped a damaged newer checkpoint writes lower steps: that newer one
+    is pruned, not the new one (with --keep-checkpoints 1 it used to be the new one)."""
+    root = tmp_path / "checkpoints"
+    _complete(tmp_path, 4)
+    five = _complete(tmp_path, 5)
+    _complete(tmp_path, 8)  # abandoned: the resume started from step 4
+    checkpoint._prune(root, 1, five)
+    assert [p.name for p in root.iterdir()] == [five.name]
+
+
+def test_resume_refuses_a_position_beyond_this_runs_epoch(tmp_path):
+    """Stopped after batch 5 of an 8-step epoch, resumed with --steps-per-epoch 4: one line,
+    exit 2, instead of skipping the epoch (issue 43, item 9)."""
+    from types import SimpleNamespace
+
+    from ddl.worker import resume
+
+    path = tmp_path / "checkpoints" / "step-00000005"
+    path.mkdir(parents=True)
+    (path / "trainer.json").write_text(json.dumps(checkpoint.TrainerState(
+        step=5, epoch=1, position=5, global_batch=8, world_size=1, plugin="mnist",
+        preset="tiny", steps_per_epoch=8).__dict__))
+    run = SimpleNamespace(
+        config=SimpleNamespace(plugin="mnist", resume="auto"), run_dir=tmp_path,
+        layout=SimpleNamespace(preset="tiny", global_batch=8, steps_per_epoch=4, epochs=2))
+    with pytest.raises(UsageError, match="stopped after batch 5 of epoch 1, but this run has "
+                                         "4 steps per epoch"):
+        resume._load(path, run)

@@ -170,3 +170,72 @@ def test_choose_skips_damaged_newer_checkpoints_with_one_line_each(tmp_path):
     (one / "trainer.json").write_text("{}")
     with pytest.raises(UsageError, match="--resume auto: no checkpoint in .* verifies"):
         checkpoint_choice.choose("auto", tmp_path, say=said.append)
+
+
+def test_choose_takes_the_newest_checkpoint_when_latest_lags_behind(tmp_path):
+    """Ctrl-C between the rename and the pointer's update leaves ``latest`` naming the one
+    before (and a .latest.tmp): the newest verified checkpoint is used, and one line says
+    that ``latest`` lagged (issue 43, item 8)."""
+    _real_checkpoint(tmp_path, 1)
+    two = _real_checkpoint(tmp_path, 2)
+    root = tmp_path / "checkpoints"
+    (root / "latest").write_text("step-00000001")
+    (root / ".latest.tmp").write_text("step-00000002")
+    said = []
+    assert checkpoint_choice.choose("auto", tmp_path, say=said.append) == two
+    assert checkpoint.latest(tmp_path) == two
+    assert len(said) == 1 and "names step-00000001, but step-00000002 is newer" in said[0]
+
+
+def _rewrite_trainer(path, **changes):
+    state = json.loads((path / "trainer.json").read_text())
+    (path / "trainer.json").write_text(json.dumps({**state, **changes}))
+    checkpoint_manifest.write(path, checkpoint_manifest.entries(
+        path, checkpoint_manifest.file_names(path)))
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"position": 10 ** 12}, "position 1000000000000 is beyond step 3"),
+    ({"step": -1, "position": 0}, "step is -1, below 0"),
+    ({"epoch": 0}, "epoch is 0, below 1"),
+    ({"steps_per_epoch": 3}, "position 3 is outside an epoch of 3 steps"),
+    ({"global_batch": 0}, "global_batch is 0, below 1"),
+])
+def test_a_trainer_state_with_impossible_counts_does_not_verify(tmp_path, changes, reason):
+    """Crafted (manifest rewritten to match): the resume falls back to the older checkpoint
+    instead of skipping an epoch and counting samples negative (issue 43, item 9)."""
+    one = _real_checkpoint(tmp_path, 1)
+    _rewrite_trainer(_real_checkpoint(tmp_path, 3), **changes)
+    said = []
+    assert checkpoint_choice.choose("auto", tmp_path, say=said.append) == one
+    assert said == [f"ddl: skipping checkpoint step-00000003: trainer.json: {reason}"]
+
+
+def test_a_crafted_non_tensor_item_does_not_verify_and_runs_nothing(tmp_path):
+    """A DCP bytes item (here ``optim.lr``) replaced by a pickle that would run code, with
+    .metadata and the manifest made to match: the checkpoint does not verify, so the resume
+    takes the older one instead of failing halfway through loading (issue 43, item 10)."""
+    import io
+
+    import torch
+
+    one = _real_checkpoint(tmp_path, 1)
+    two = _real_checkpoint(tmp_path, 2)
+    created = tmp_path / "pwned"
+    buffer = io.BytesIO()
+    torch.save({"lr": _Payload(created)}, buffer)
+    metadata = safe_load.read_metadata(two)
+    [(index, info)] = [(i, s) for i, s in metadata.storage_data.items() if i.fqn == "optim.lr"]
+    with open(two / info.relative_path, "ab") as f:  # appended; the metadata points at it
+        info.offset, info.length = f.tell(), len(buffer.getvalue())
+        f.write(buffer.getvalue())
+    (two / ".metadata").write_bytes(pickle.dumps(metadata))
+    checkpoint_manifest.write(two, checkpoint_manifest.entries(
+        two, checkpoint_manifest.file_names(two)))
+    said = []
+    assert checkpoint_choice.choose("auto", tmp_path, say=said.append) == one
+    assert len(said) == 1 and f"item optim.lr of {info.relative_path} does not load " \
+        "weights-only (UnpicklingError)" in said[0], said
+    assert not created.exists()
+    with pytest.raises(UsageError, match="not loaded: item optim.lr"):
+        checkpoint.load_model_weights(two, torch.nn.Linear(1, 1))

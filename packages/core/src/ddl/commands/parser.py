@@ -111,6 +111,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                    help="optimizer steps between checkpoints (default: every epoch's end)")
     p.add_argument("--keep-checkpoints", type=int, default=S, metavar="K",
                    help="newest checkpoints kept (default: 2; 0 = none)")
+    p.add_argument("--async-checkpoint", action=argparse.BooleanOptionalAction, default=S,
+                   help="write checkpoints while training goes on, from a host copy of the "
+                        "state (default: off; docs/checkpoints.md)")
     p.add_argument("--max-restarts", type=int, default=S, metavar="N",
                    help="restart failed workers up to N times, resuming from the newest "
                         "checkpoint (local and torchrun launchers; default: 0)")

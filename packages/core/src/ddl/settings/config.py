@@ -117,6 +117,8 @@ class RunConfig(BaseModel):
         "at the end of every epoch only)")
     keep_checkpoints: int = Field(2, ge=0, le=MAX_COUNT,
                                   description="newest checkpoints kept; 0 = none written")
+    async_checkpoint: bool = Field(False, description="write checkpoints in a thread while "
+                                   "training goes on (ddl.worker.checkpoint_writer)")
     resume: str = Field(
         "none", min_length=1, description="'auto': continue from this run dir's newest "
         "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")

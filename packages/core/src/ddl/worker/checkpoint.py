@@ -17,7 +17,9 @@ Why this order makes it crash-safe: everything is written into ``.step-N.partial
 fsyncs its files, ddl fsyncs its own), the directory is renamed to ``step-N`` only once
 every rank has finished, and ``latest`` is replaced last. A kill at any moment leaves the
 previous checkpoint and ``latest`` untouched; a leftover ``.partial`` directory is never
-read and is removed by the next save.
+read and is removed when a run starts in the directory (``remove_leftovers``).
+``--async-checkpoint`` (``ddl.worker.checkpoint_async``) runs the same steps, the DCP write
+and the commit in a thread of each rank.
 
 What is trusted on load (docs/checkpoints.md): a checkpoint is used only when it verifies
 against its manifest (``ddl.worker.checkpoint_manifest``; the choice among checkpoints is
@@ -52,6 +54,7 @@ TRAINER = "trainer.json"
 #: shards are written and before the checkpoint is made visible.
 FAULT_KILL_ENV = "DDL_TEST_KILL_DURING_CHECKPOINT"
 _STEP = re.compile(r"^step-(\d{8})$")
+_PARTIAL = re.compile(r"^\.step-\d{8}\.partial$")
 
 
 @dataclass
@@ -67,6 +70,7 @@ class TrainerState:
     plugin: str = ""
     preset: str = ""
     strategy: str = ""
+    steps_per_epoch: int = 0  # of the run that saved it (0: written by an older ddl)
 
 
 # --- finding checkpoints ---------------------------------------------------------------
@@ -98,13 +102,10 @@ def steps(run_dir: Path) -> list[Path]:
 
 
 def latest(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None. Trusts ``latest`` when it names a
-    complete checkpoint, else takes the highest complete ``step-*`` (``latest`` is written
-    last, so it can lag one checkpoint behind after a kill). Structure only: what a resume
-    may use is decided by ``ddl.worker.checkpoint_choice``, which verifies."""
-    named = pointed(run_dir)
-    if named is not None and _is_complete(named):
-        return named
+    """The newest complete checkpoint of a run, or None: the highest complete ``step-*``,
+    whatever ``latest`` says (it is written last, so a kill or Ctrl-C can leave it naming the
+    one before). Structure only: what a resume may use is decided by
+    ``ddl.worker.checkpoint_choice``, which verifies."""
     return next((p for p in steps(run_dir) if _is_complete(p)), None)
 
 
@@ -134,12 +135,31 @@ def read_trainer_state(path: Path) -> TrainerState:
         raise ValueError(f"{TRAINER} is not a trainer state ({type(exc).__name__})") from None
     for name, kind in (("step", int), ("epoch", int), ("position", int),
                        ("global_batch", int), ("world_size", int), ("scheduler", dict),
-                       ("plugin", str), ("preset", str), ("strategy", str)):
+                       ("plugin", str), ("preset", str), ("strategy", str),
+                       ("steps_per_epoch", int)):
         value = getattr(state, name)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ValueError(  # noqa: TRY004 - callers report every bad file as ValueError
                 f"{TRAINER}: {name} is {value!r}, not {kind.__name__}")
+    why = _inconsistent(state)
+    if why:
+        raise ValueError(f"{TRAINER}: {why}")
     return state
+
+
+def _inconsistent(state: TrainerState) -> str | None:
+    """Why these counts cannot come from one training (a crafted or corrupted state whose
+    manifest was rewritten would otherwise skip an epoch or count samples negative)."""
+    for name, least in (("step", 0), ("epoch", 1), ("position", 0), ("global_batch", 1),
+                        ("world_size", 1), ("steps_per_epoch", 0)):
+        if getattr(state, name) < least:
+            return f"{name} is {getattr(state, name)}, below {least}"
+    if state.position > state.step:  # the batches of this epoch are steps of this training
+        return f"position {state.position} is beyond step {state.step}"
+    if state.steps_per_epoch and state.position >= state.steps_per_epoch:
+        return (f"position {state.position} is outside an epoch of {state.steps_per_epoch} "
+                "steps")
+    return None
 
 
 # --- names -------------------------------------------------------------------------------
@@ -192,29 +212,48 @@ def set_rng_states(state: dict[str, Any]) -> None:
 def save(run_dir: Path, world: World, strategy, context, model, optimizer,
          trainer: TrainerState, keep: int) -> Path:
     """Write one checkpoint (a collective: every rank calls it) and return its path."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    partial = begin(run_dir, world, trainer)
+    dcp.save(strategy.checkpoint_state(model, optimizer, context), checkpoint_id=partial)
+    write_own_files(partial, world, trainer)
+    if os.environ.get(FAULT_KILL_ENV) == str(trainer.step):
+        os.kill(os.getpid(), signal.SIGKILL)  # tests: die mid-write, as a node failure would
+    return commit(partial, world, keep)
+
+
+def begin(run_dir: Path, world: World, trainer: TrainerState) -> Path:
+    """The empty ``.step-N.partial`` directory a save writes into (all ranks call it)."""
+    import torch.distributed as dist
+
     root = Path(run_dir) / DIR
-    name = f"step-{trainer.step:08d}"
-    final = root / name
-    partial = root / f".{name}.partial"
+    partial = root / f".step-{trainer.step:08d}.partial"
     if world.is_main:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(partial, ignore_errors=True)  # left by a kill during an earlier save
         partial.mkdir()
     dist.barrier()
+    return partial
 
-    dcp.save(strategy.checkpoint_state(model, optimizer, context), checkpoint_id=partial)
-    buffer = _to_bytes(rng_states())
-    _write_synced(partial / f"rng-{world.rank:05d}.pt", buffer)
+
+def write_own_files(partial: Path, world: World, trainer: TrainerState) -> None:
+    """This rank's RNG states and (rank 0) trainer.json, fsynced: taken now, at the step
+    the checkpoint resumes from."""
+    _write_synced(partial / f"rng-{world.rank:05d}.pt", _to_bytes(rng_states()))
     if world.is_main:
         _write_synced(partial / TRAINER, json.dumps(asdict(trainer), indent=2).encode())
-    if os.environ.get(FAULT_KILL_ENV) == str(trainer.step):
-        os.kill(os.getpid(), signal.SIGKILL)  # tests: die mid-write, as a node failure would
-    dist.barrier()  # every rank's files are on disk before the checkpoint is hashed
-    _write_manifest(partial, world)
 
+
+def commit(partial: Path, world: World, keep: int, group: Any = None) -> Path:
+    """Make a written ``.partial`` directory the newest checkpoint: manifest, rename,
+    ``latest`` last (a collective over ``group``, the default one when None)."""
+    import torch.distributed as dist
+
+    root = partial.parent
+    name = partial.name[1:-len(".partial")]
+    final = root / name
+    dist.barrier(group=group)  # every rank's files are on disk before the checkpoint is hashed
+    _write_manifest(partial, world, group)
     if world.is_main:
         if final.exists():  # the same step saved again (a resumed run): replace it whole
             shutil.rmtree(final)
@@ -224,12 +263,12 @@ def save(run_dir: Path, world: World, strategy, context, model, optimizer,
         _write_synced(tmp, name.encode())
         tmp.replace(root / LATEST)
         _fsync_dir(root)
-        _prune(root, keep)
-    dist.barrier()
+        _prune(root, keep, final)
+    dist.barrier(group=group)
     return final
 
 
-def _write_manifest(partial: Path, world: World) -> None:
+def _write_manifest(partial: Path, world: World, group: Any = None) -> None:
     """Each rank hashes its share of the files; rank 0 writes the manifest (fsynced) before
     the directory is renamed into place."""
     import torch.distributed as dist
@@ -238,7 +277,7 @@ def _write_manifest(partial: Path, world: World) -> None:
     mine = checkpoint_manifest.entries(
         partial, checkpoint_manifest.my_share(names, world.rank, world.size))
     gathered: list[Any] = [None] * world.size
-    dist.all_gather_object(gathered, mine)
+    dist.all_gather_object(gathered, mine, group=group)
     if world.is_main:
         checkpoint_manifest.write(partial, [e for share in gathered for e in share])
 
@@ -253,10 +292,35 @@ def _to_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _prune(root: Path, keep: int) -> None:
-    steps = sorted(p for p in root.glob("step-*") if _STEP.match(p.name))
-    for old in steps[:-keep]:
+def _prune(root: Path, keep: int, written: Path) -> None:
+    """Keep the ``keep`` newest, ``written`` the newest of all: a checkpoint numbered above
+    it belongs to training this run abandoned (a resume skipped it as damaged), and would
+    otherwise outrank every new one, and ``keep 1`` would delete the one just written."""
+    steps = sorted(p for p in root.glob("step-*") if _STEP.match(p.name) and p.is_dir()
+                   and not p.is_symlink())
+    for old in [p for p in steps if p.name > written.name] + \
+            [p for p in steps if p.name <= written.name][:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_leftovers(run_dir: Path) -> list[str]:
+    """Remove what killed saves of this run left in its checkpoint directory (rank 0, before
+    training starts; the run directory's lock keeps any other run out): ``.step-N.partial``
+    directories and ``.latest.tmp``. Only those exact names, never through a link. Returns
+    the names removed."""
+    root = Path(run_dir) / DIR
+    removed = []
+    for path in sorted(root.glob(".*")) if root.is_dir() else []:
+        name = path.name
+        if path.is_symlink() or not (_PARTIAL.match(name) and path.is_dir()
+                                     or name == f".{LATEST}.tmp" and path.is_file()):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        removed.append(name)
+    return removed
 
 
 # --- loading -----------------------------------------------------------------------------

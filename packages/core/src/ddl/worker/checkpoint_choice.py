@@ -1,13 +1,16 @@
 """Which checkpoint a resume uses: the newest one that verifies.
 
-``--resume auto`` (and ``--resume RUN_DIR``) walk the run's checkpoints newest first (the one
-``latest`` names first, as it is the newest written) and take the first that verifies; each
-newer one skipped gets one line saying which and why. ``--resume CHECKPOINT`` names one
+``--resume auto`` (and ``--resume RUN_DIR``) walk the run's checkpoints newest first (by step:
+``latest`` is written last, so a kill or Ctrl-C can leave it naming the one before; one line
+says so) and take the first that verifies; each newer one skipped gets one line saying which
+and why. ``--resume CHECKPOINT`` names one
 checkpoint: if it does not verify, that is one line naming the file, exit 2.
 
 "Verifies" means: its manifest matches every file (``checkpoint_manifest``), ``trainer.json``
-is a trainer state, ``.metadata`` passes the allow-listing unpickler and this rank's RNG file
-loads weights-only (``safe_load``). Every rank checks its share of the checksums and the
+is a trainer state with consistent counts, ``.metadata`` passes the allow-listing unpickler,
+every non-tensor item DCP stored (optimizer hyper-parameters) and this rank's RNG file load
+weights-only (``safe_load``): a crafted item is found here, where an older checkpoint can
+still be taken, not halfway through loading. Every rank checks its share of the checksums and the
 verdicts are gathered, so all ranks take the same checkpoint.
 """
 
@@ -29,7 +32,9 @@ def problem(path: Path, rank: int = 0, world_size: int = 1) -> str | None:
             return why
         if rank == 0:
             checkpoint.read_trainer_state(path)
-            safe_load.read_metadata(path)
+        why = _bytes_items_problem(Path(path), rank, world_size)
+        if why:
+            return why
         rng = Path(path) / f"rng-{rank:05d}.pt"
         if rng.is_file():
             safe_load.load_weights_only(rng)
@@ -37,6 +42,33 @@ def problem(path: Path, rank: int = 0, world_size: int = 1) -> str | None:
         return str(exc)
     except OSError as exc:
         return f"{Path(exc.filename or path).name}: {exc.strerror}"
+    return None
+
+
+def _bytes_items_problem(path: Path, rank: int, world_size: int) -> str | None:
+    """Why one of this rank's share of the checkpoint's non-tensor items (DCP stores each
+    as a torch.save stream at an offset of a data file) does not load weights-only."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    metadata = safe_load.read_metadata(path)  # the allow-list first, on every rank
+    stored = sorted(((index.fqn, info) for index, info in (metadata.storage_data or {}).items()
+                     if isinstance(metadata.state_dict_metadata.get(index.fqn),
+                                   BytesStorageMetadata)), key=lambda item: item[0])
+    for fqn, info in stored[rank::world_size]:
+        if getattr(info, "transform_descriptors", None):
+            return f"item {fqn} is stored transformed ({info.transform_descriptors}), which " \
+                   "ddl does not write"
+        with open(path / info.relative_path, "rb") as f:
+            f.seek(info.offset)
+            data = f.read(info.length)
+        try:
+            torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - UnpicklingError, a torn zip, ...
+            return f"item {fqn} of {info.relative_path} does not load weights-only " \
+                   f"({type(exc).__name__})"
     return None
 
 
@@ -81,10 +113,11 @@ def _candidates(run_dir: Path, say: Callable[[str], None]) -> list[Path]:
             text = f"nothing readable ({exc.strerror})"
         say(f"ddl: ignoring {root / checkpoint.LATEST}: it names {text!r}, not a checkpoint "
             "directory of this run")
-    found = checkpoint.steps(run_dir)
-    if named is not None and named in found:
-        found.remove(named)
-        found.insert(0, named)
+    found = checkpoint.steps(run_dir)  # newest first
+    if named is not None and found and named != found[0]:
+        say(f"ddl: {root / checkpoint.LATEST} names {named.name}, but {found[0].name} is "
+            "newer (a save was interrupted before updating it); the newest that verifies "
+            "is used")
     return found
 
 

@@ -37,7 +37,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              parallel: dict[str, int] | None = None,
              compiled: dict[str, Any] | None = None,
              threads: dict[str, Any] | None = None,
-             command: list[str] | None = None, tf32: bool = False) -> dict[str, Any]:
+             command: list[str] | None = None, tf32: bool = False,
+             checkpoint_stall: dict[str, Any] | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -80,6 +81,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "checkpoints": {
             "latest": str(latest_checkpoint or ""), "keep": config.keep_checkpoints,
             "every_steps": config.checkpoint_every,
+            # how long saves held the training loop up (rank 0; ddl.worker.checkpoint_writer)
+            "asynchronous": config.async_checkpoint, "stall": checkpoint_stall or {},
             "resumed_from": ({"checkpoint": str(resumed_from), "step": resumed.step,
                               "saved_by_world_size": resumed.world_size}
                              if resumed else None)},

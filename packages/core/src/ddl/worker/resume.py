@@ -36,6 +36,8 @@ def start(run: Run) -> Start:
     """Load the checkpoint ``--resume`` names (if any) into ``run`` and say where to begin;
     sets ``run.step`` to the checkpoint's step."""
     path = checkpoint_choice.choose(run.config.resume, run.run_dir, run.world, run.say)
+    if run.world.is_main:  # what killed saves left (this run holds the directory's lock)
+        checkpoint.remove_leftovers(run.run_dir)
     saved = _load(path, run)
     run.step, epoch, position = (saved.step, saved.epoch, saved.position) if saved else (0, 1, 0)
     return Start(epoch=epoch, position=position, checkpoint=path, saved=saved,
@@ -56,6 +58,11 @@ def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
         raise UsageError(f"--resume: {path} stopped inside an epoch with global batch "
                          f"{saved.global_batch}; resume it with the same global batch (now "
                          f"{layout.global_batch}) or from an epoch-end checkpoint")
+    if saved.position >= layout.steps_per_epoch:
+        raise UsageError(f"--resume: {path} stopped after batch {saved.position} of epoch "
+                         f"{saved.epoch}, but this run has {layout.steps_per_epoch} steps per "
+                         "epoch; resume with the same --steps-per-epoch or from an epoch-end "
+                         "checkpoint")
     finished = (saved.epoch == layout.epochs + 1 and not saved.position
                 and path.parent.parent.resolve() == run.run_dir.resolve())  # this very run
     if saved.epoch > layout.epochs and not finished:

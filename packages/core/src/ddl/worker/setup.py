@@ -145,6 +145,7 @@ class Run:
     val_loader: Any
     test_loader: Any
     step: int = 0
+    checkpoints: Any = None  # the run's checkpoint_writer.Writer, made by the first save
     # bytes saved for backward (not under --compile: dynamo and saved-tensor hooks)
     saved_tensors: SavedTensorMeter | None = None
     first_step_s: float | None = None  # --compile: the first step's wall time, compiling
@@ -168,9 +169,19 @@ class Run:
             step=self.step, epoch=epoch, position=position,
             global_batch=self.layout.global_batch, world_size=self.world.size,
             scheduler=self.scheduler.state_dict(), plugin=self.config.plugin,
-            preset=self.layout.preset, strategy=self.config.strategy)
-        checkpoint.save(self.run_dir, self.world, self.strategy, self.context, self.model,
-                        self.optimizer, state, self.config.keep_checkpoints)
+            preset=self.layout.preset, strategy=self.config.strategy,
+            steps_per_epoch=self.layout.steps_per_epoch)
+        self.checkpoint_writer().save(self.run_dir, self.world, self.strategy, self.context,
+                                      self.model, self.optimizer, state,
+                                      self.config.keep_checkpoints)
+
+    def checkpoint_writer(self):
+        """Writes the checkpoints (--async-checkpoint: in a thread) and times the stalls."""
+        if self.checkpoints is None:
+            from ddl.worker.checkpoint_writer import Writer
+
+            self.checkpoints = Writer(asynchronous=self.config.async_checkpoint)
+        return self.checkpoints
 
 
 def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,

@@ -61,6 +61,7 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
             position = begin.position if epoch == begin.epoch else 0  # > 0: resumed mid-epoch
             trained = train_epoch(run, epoch, position, guard, profiler, observers)
             if trained.stop:
+                run.checkpoint_writer().wait()  # --async-checkpoint: the stop's is written
                 run.say(f"ddl: stopped after step {run.step} ({trained.stop}); checkpoint "
                         f"{checkpoint.latest(run_dir)}; the same command with --resume auto "
                         "continues")
@@ -71,6 +72,7 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
             observers.phase("checkpointing")
             run.save_checkpoint(epoch + 1, 0)  # epoch end: a resume starts the next epoch
 
+        run.checkpoint_writer().wait()  # the last epoch's checkpoint, if written async
         profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
         observers.phase("testing")
         document = _finish(run, plugins, begin, epochs, started, profile, used,
@@ -110,6 +112,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         parameters=run.parameters, epochs=epochs, val=epochs[-1]["val"], test=test,
         started=started, finished=time.time(), memory=memory,
         latest_checkpoint=checkpoint.latest(run.run_dir), resumed_from=begin.checkpoint,
+        checkpoint_stall=run.checkpoint_writer().report(),
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
