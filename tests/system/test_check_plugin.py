@@ -31,7 +31,8 @@ def test_check_plugin_from_another_directory_with_relative_paths(tmp_path):
     here.mkdir()
     proc = run_bounded([str(venv / "bin" / "python"), "-c", DDL, "check-plugin", "chargpt",
                         "--work-dir", "kit/out", "--data-dir", "../shared-data",
-                        "--strategies", "ddp", "accelerate"], cwd=here, timeout=600,
+                        "--strategies", "ddp", "accelerate", "--checks", "strategies"],
+                       cwd=here, timeout=600,
                        env={**os.environ, "PYTHONPATH": str(block)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

@@ -2,9 +2,10 @@
 installed from its directory into a fresh venv beside ddl (tests/system/plugin_venv.py),
 listed by `ddl plugins` with every hint, and passing the conformance kit through its own
 test file: one process, then ddp, fsdp, accelerate, tp, pp (2 processes each), fsdp+tp and
-`--mesh pp=2,tp=2` (4 each), every run's final weights equal to one process's by the
-per-tensor rule. 8 launches, 2 at a time: 67 s of this test's time at load 3-5 on the
-2-core development machine, most of it process start-up.
+`--mesh pp=2,tp=2` (4 each), HSDP and tp=4 (4 each), the 3-D mesh (8), accumulation,
+clipping (and its one-process reference) and resume (2 each), every run's final weights
+equal to one process's by the per-tensor rule. 15 launches, 2 at a time, most of the time
+process start-up (docs/plugin-authors.md has the measured cost).
 """
 
 from __future__ import annotations
@@ -34,5 +35,8 @@ def test_passes_the_conformance_kit_for_every_strategy(venv, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "1 passed" in proc.stdout
     runs = sorted({p.name for p in (tmp_path / "kit").glob("*/strategy-*")})  # + *current
-    assert runs == ["strategy-accelerate", "strategy-ddp", "strategy-fsdp", "strategy-fsdp-tp",
-                    "strategy-mesh-pp-2-tp-2", "strategy-pp", "strategy-tp"], runs
+    assert runs == ["strategy-3-D-pp-2-tp-2-dp-shard-2", "strategy-accelerate",
+                    "strategy-accumulation--fsdp", "strategy-clipping--fsdp", "strategy-ddp",
+                    "strategy-fsdp", "strategy-fsdp-tp", "strategy-hsdp-dp-replicate-2-dp-shard-2",
+                    "strategy-mesh-pp-2-tp-2", "strategy-pp", "strategy-resume--fsdp",
+                    "strategy-tp", "strategy-tp-4"], runs  # pp=4: NOT RUN (2 blocks)

@@ -301,10 +301,64 @@ def test_auto_tolerance_follows_the_optimizer():
     ({"tp_plan", "pipeline_splits"}, ["mesh", "tp", "pp"], ["mesh pp=2,tp=2@4", "tp@2", "pp@2"]),
 ])
 def test_each_supported_strategy_gets_its_smallest_run(capabilities, supported, expected):
-    runs = conformance.plan_runs(supported, frozenset(capabilities))
+    runs = conformance.plan_runs(supported, frozenset(capabilities), checks=["strategies"])
     assert [f"{r.label}@{r.nproc}" for r in runs] == expected
     assert all("prepare_tensor_parallel / tp_plan" in r.suspects for r in runs if "tp" in r.label)
     assert all("pipeline_stages" in r.suspects for r in runs if "pp" in r.label)
+
+
+def test_the_kit_runs_every_layout_and_feature_ddl_runs():
+    """By default: HSDP, the 3-D mesh, the degrees the model allows, accumulation,
+    clipping and resume, each its own run; resume continues fsdp's own run."""
+    plan = conformance.plan_checks(["mesh", "ddp", "fsdp"], frozenset({"tp_plan",
+                                   "pipeline_splits"}), degrees={"tp=4": None, "pp=4": "no"})
+    runs = {r.label: r for r in plan.runs}
+    assert list(runs)[3:] == ["hsdp dp_replicate=2,dp_shard=2", "3-D pp=2,tp=2,dp_shard=2",
+                              "tp=4", "accumulation (fsdp)", "clipping (fsdp)", "resume (fsdp)"]
+    assert runs["3-D pp=2,tp=2,dp_shard=2"].nproc == 8
+    assert runs["hsdp dp_replicate=2,dp_shard=2"].args[-2:] == ("--mesh",
+                                                                "dp_replicate=2,dp_shard=2")
+    assert runs["accumulation (fsdp)"].args[-2:] == ("--batch-size", "4")  # 16 = 2 x 2 x 4
+    assert runs["clipping (fsdp)"].reference == runs["clipping (fsdp)"].args[-2:]
+    assert runs["resume (fsdp)"].resumes == "fsdp"
+    assert runs["fsdp"].args[-2:] == ("--checkpoint-every", "2")
+    assert plan.skipped == [conformance.Skipped("pp=4", "no")]
+
+
+@pytest.mark.parametrize("strategies,capabilities,label,reason", [
+    (["mesh", "ddp"], set(), "mesh", "without tp_plan or pipeline_splits"),
+    (["mesh"], {"tp_plan"}, "3-D pp=2,tp=2,dp_shard=2", "declares no pipeline_splits"),
+    (["ddp"], set(), "hsdp dp_replicate=2,dp_shard=2", "no selected strategy takes --mesh"),
+    (["mesh"], {"tp_plan"}, "tp=4", "the workload was not asked"),
+    ([], set(), "resume", "no strategy selected"),
+])
+def test_no_layout_is_left_out_silently(strategies, capabilities, label, reason):
+    skipped = conformance.plan_checks(strategies, frozenset(capabilities)).skipped
+    assert any(s.label == label and reason in s.reason for s in skipped), skipped
+
+
+def test_degrees_are_asked_of_the_workload_on_the_meta_device():
+    class TwoHeads(RegressionWorkload):
+        def tp_plan(self, model):
+            return {"block1.0": "colwise"}
+
+        def prepare_tensor_parallel(self, model, tp_degree):
+            from ddl.contract.errors import UsageError
+
+            assert next(model.parameters()).is_meta  # shapes only, no memory
+            if 2 % tp_degree:
+                raise UsageError(f"tp={tp_degree} does not divide 2 heads")
+
+    problems = conformance.degree_problems(TwoHeads(PRESETS["tiny"]), {"tp_plan"})
+    assert problems == {"tp=4": "tp=4 does not divide 2 heads",
+                        "pp=4": "the workload declares no pipeline_splits"}
+
+
+def test_unknown_check_is_one_clear_error():
+    from ddl.contract.errors import UsageError
+
+    with pytest.raises(UsageError, match="checks: unknown hdsp; allowed: strategies, hsdp"):
+        conformance.plan_checks(["fsdp"], frozenset(), checks=["hdsp"])
 
 
 def test_a_strategy_mismatch_names_the_run_the_tensors_and_the_hooks():
@@ -312,7 +366,8 @@ def test_a_strategy_mismatch_names_the_run_the_tensors_and_the_hooks():
 
     from ddl.conformance.runs import compare
 
-    pp, tp = conformance.plan_runs(["pp", "tp"], frozenset({"pipeline_splits", "tp_plan"}))
+    pp, tp = conformance.plan_runs(["pp", "tp"], frozenset({"pipeline_splits", "tp_plan"}),
+                                   checks=["strategies"])
     want = {"a.weight": torch.ones(4), "b.weight": torch.ones(4)}
     with pytest.raises(conformance.ContractBroken) as caught:  # a stage renamed its tensors
         compare(pp, "gpt", {"a.weight": torch.ones(4), "0.weight": torch.ones(4)}, want,

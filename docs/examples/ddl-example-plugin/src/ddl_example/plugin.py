@@ -28,6 +28,7 @@ def ddl_register_workloads():
             factory="ddl_example.workload:RegressionWorkload",
             presets=PRESETS,
             default_preset="standard",
+            contract="2",  # the contract major it is built against
             # fsdp_units: FSDP shards each hidden block on its own. Every strategy without
             # requirements (ddp, fsdp, accelerate) trains it; pp/tp need hints it lacks.
             capabilities=frozenset({"fsdp_units"}),

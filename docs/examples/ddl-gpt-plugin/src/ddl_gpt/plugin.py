@@ -30,6 +30,7 @@ def ddl_register_workloads():
             factory="ddl_gpt.workload:GptWorkload",
             presets=PRESETS,
             default_preset="standard",
+            contract="2",  # the contract major it is built against
             # every hint: fsdp, tp, fsdp+tp, pp and --mesh layouts all train it
             capabilities=frozenset({"fsdp_units", "tp_plan", "pipeline_splits"}),
         ),

@@ -1,6 +1,7 @@
 """``ddl check-plugin NAME``: the conformance kit (ddl.conformance) as a command. One line
-per check (PASS, FAIL or UNAVAILABLE, with the detail), then a summary; exit 0 when no check
-failed (an unavailable strategy, a dependency not installed, is no failure), 1 otherwise.
+per check (PASS, FAIL, UNAVAILABLE or NOT RUN, with the detail), then a summary; exit 0 when
+no check failed (an unavailable strategy, a dependency not installed, is no failure, nor a
+check the workload cannot take, such as pp=4 on a 2-block model), 1 otherwise.
 
 The in-process checks run in order and stop at the first failure (the next ones need what
 it checks); then one process and each strategy through `ddl train`, each its own line.
@@ -23,6 +24,10 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
     strategies = plugins.strategies()
     chosen = conformance.supported_strategies(spec, plugins) + [
         s for s, st in strategies.items() if st.supports(spec) and st.unavailable()]
+    unknown = [c for c in ns.checks or () if c not in conformance.CHECKS]
+    if unknown:
+        raise UsageError(f"--checks: unknown {', '.join(unknown)}; allowed: "
+                         f"{', '.join(conformance.CHECKS)}")
     if ns.strategies is not None:
         unknown = [s for s in ns.strategies if s not in strategies]
         if unknown:
@@ -33,7 +38,7 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
     data_dir = (ns.data_dir or work_dir / "data").resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     print(f"checking workload {spec.name!r} (preset {ns.preset}) in {work_dir}", flush=True)
-    counts = {"PASS": 0, "FAIL": 0, "UNAVAILABLE": 0}
+    counts = {"PASS": 0, "FAIL": 0, "UNAVAILABLE": 0, "NOT RUN": 0}
 
     def line(status: str, check: str, detail: str = "") -> None:
         counts[status] += 1
@@ -48,13 +53,17 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
         if runnable:
             rule = conformance.tolerance_for(ns.tolerance, workload.optimizer(
                 list(workload.build_model().parameters()), spec.presets[ns.preset].lr))
-            runs = conformance.plan_runs(runnable, spec.capabilities)
+            plan = conformance.plan_for(spec.capabilities, workload, runnable, ns.checks,
+                                        plugins)
+            for skipped in plan.skipped:
+                line("NOT RUN", skipped.label, skipped.reason)
             for run, failure in conformance.equivalence_results(
-                    spec.name, data_dir, work_dir, runs, rule, ns.preset):
+                    spec.name, data_dir, work_dir, plan.runs, rule, ns.preset):
                 label = "strategy:one process" if run is None else f"strategy:{run.label}"
                 line("FAIL" if failure else "PASS", label, failure.detail if failure else "")
     print(f"{spec.name}: {counts['PASS']} passed, {counts['FAIL']} failed, "
           f"{counts['UNAVAILABLE']} unavailable"
+          + (f", {counts['NOT RUN']} not run" if counts["NOT RUN"] else "")
           + ("" if workload is not None else " (later checks not run)"))
     return 1 if counts["FAIL"] else 0
 

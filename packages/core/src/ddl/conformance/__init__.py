@@ -22,6 +22,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ddl.conformance.checks import (
+    CHECKS,
+    NotChecked,
+    Plan,
+    Skipped,
+    degree_problems,
+    plan_checks,
+    plan_runs,
+    strategy_mesh_dims,
+)
 from ddl.conformance.contracts import CONTRACTS, ContractBroken
 from ddl.conformance.inprocess import (
     check_data,
@@ -38,7 +48,6 @@ from ddl.conformance.runs import (
     Run,
     check_equivalence,
     equivalence_results,
-    plan_runs,
 )
 from ddl.conformance.tolerance import (
     TOLERANCES,
@@ -49,12 +58,16 @@ from ddl.conformance.tolerance import (
 
 __doc__ += "".join(f"\n- ``{name}``: {text}." for name, text in CONTRACTS.items())
 __all__ = [
+    "CHECKS",
     "CONTRACTS",
     "DDL_COMMAND",
     "STEPS",
     "TOLERANCES",
     "ContractBroken",
+    "NotChecked",
+    "Plan",
     "Run",
+    "Skipped",
     "Tolerance",
     "assert_same_weights",
     "check_data",
@@ -66,9 +79,13 @@ __all__ = [
     "check_spec",
     "check_strategies",
     "check_workload",
+    "degree_problems",
     "equivalence_results",
+    "plan_checks",
+    "plan_for",
     "plan_runs",
     "stage_name_problem",
+    "strategy_mesh_dims",
     "supported_strategies",
     "tolerance_for",
 ]
@@ -84,26 +101,63 @@ def supported_strategies(spec: Any, plugins: Any = None) -> list[str]:
             if strategy.supports(spec) and not strategy.unavailable()]
 
 
+def plan_for(capabilities: frozenset[str], workload: Any, strategies: list[str],
+             checks: Any = None, plugins: Any = None) -> Plan:
+    """plan_checks with what the installed plugins say: the strategies' ``--mesh``
+    dimensions and (``workload`` given) the tp and pp degrees its model allows."""
+    from ddl.contract.plugins import Plugins
+
+    plugins = plugins or Plugins()
+    probe = workload is not None and (checks is None or "degrees" in checks)
+    return plan_checks(strategies, capabilities, checks=checks,
+                       mesh_dims=strategy_mesh_dims(plugins, strategies),
+                       degrees=degree_problems(workload, capabilities) if probe else None)
+
+
+def _report(skipped: list[Skipped]) -> list[Skipped]:
+    import warnings
+
+    for item in skipped:
+        warnings.warn(f"ddl.conformance: {item.label} not run: {item.reason}", NotChecked,
+                      stacklevel=3)
+    return skipped
+
+
 def check_strategies(name: str, data_dir: Path, work_dir: Path, strategies: list[str],
                      preset: str = "tiny", *, tolerance: str | Tolerance = "per-tensor",
-                     capabilities: frozenset[str] = frozenset(), parallel: int = 2,
-                     command: tuple[str, ...] = DDL_COMMAND) -> None:
+                     capabilities: frozenset[str] | None = None, checks: Any = None,
+                     parallel: int = 2, command: tuple[str, ...] = DDL_COMMAND
+                     ) -> list[Skipped]:
     """``strategy:<label>`` for the named strategies alone (the workload installed, its
-    data in ``data_dir``): one process, then each strategy, weights compared."""
-    check_equivalence(name, data_dir, work_dir, plan_runs(strategies, capabilities),
-                      tolerance_for(tolerance), preset, parallel=parallel, command=command)
+    data in ``data_dir``): one process, then each of ``checks`` (default: all of
+    :data:`CHECKS`), weights compared. ``capabilities``: the installed workload's unless
+    given. Returns the checks not run, each also warned as :class:`NotChecked`."""
+    from ddl.contract.plugins import Plugins
+
+    plugins = Plugins()
+    spec = plugins.workloads().get(name)
+    workload = spec.create(spec.presets[preset]) if spec and preset in spec.presets else None
+    if capabilities is None:
+        capabilities = spec.capabilities if spec else frozenset()
+    plan = plan_for(frozenset(capabilities), workload, strategies, checks, plugins)
+    check_equivalence(name, data_dir, work_dir, plan.runs, tolerance_for(tolerance), preset,
+                      parallel=parallel, command=command)
+    return _report(plan.skipped)
 
 
 def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
                    strategies: list[str] | None = None, tolerance: str | Tolerance = "auto",
-                   parallel: int = 2, plugins: Any = None,
-                   command: tuple[str, ...] = DDL_COMMAND) -> None:
+                   checks: Any = None, parallel: int = 2, plugins: Any = None,
+                   command: tuple[str, ...] = DDL_COMMAND) -> list[Skipped]:
     """The whole kit for an installed workload: the in-process checks, then one process
-    and every strategy in ``strategies`` (default: each ``ddl plugins`` marks supported)
-    through ``ddl train``, final weights compared by ``tolerance``: a rule name of
-    :data:`TOLERANCES`, a :class:`Tolerance`, or ``auto`` (``elementwise`` for an
-    SGD-like optimizer, ``per-tensor`` for Adam and the like). ``work_dir`` receives the
-    synthetic data and the run directories; ``parallel`` launches run at a time."""
+    and ``checks`` (default: all of :data:`CHECKS`: every strategy in ``strategies``,
+    default each ``ddl plugins`` marks supported, HSDP, the 3-D mesh, tp and pp degrees
+    of 4, accumulation, clipping, resume) through ``ddl train``, final weights compared by
+    ``tolerance``: a rule name of :data:`TOLERANCES`, a :class:`Tolerance`, or ``auto``
+    (``elementwise`` for an SGD-like optimizer, ``per-tensor`` for Adam and the like).
+    ``work_dir`` receives the synthetic data and the run directories; ``parallel``
+    launches run at a time. Returns the checks not run (each warned as
+    :class:`NotChecked`, with the reason)."""
     from ddl.contract.plugins import Plugins
 
     plugins = plugins or Plugins()
@@ -115,8 +169,10 @@ def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
     rule = tolerance_for(tolerance, workload.optimizer(
         list(workload.build_model().parameters()), spec.presets[preset].lr))
     chosen = supported_strategies(spec, plugins) if strategies is None else strategies
-    check_equivalence(name, data_dir, work_dir, plan_runs(chosen, spec.capabilities), rule,
-                      preset, parallel=parallel, command=command)
+    plan = plan_for(spec.capabilities, workload, chosen, checks, plugins)
+    check_equivalence(name, data_dir, work_dir, plan.runs, rule, preset, parallel=parallel,
+                      command=command)
+    return _report(plan.skipped)
 
 
 def check_ddp_equivalence(name: str, data_dir: Path, work_dir: Path, preset: str = "tiny", *,
@@ -131,5 +187,6 @@ def check_ddp_equivalence(name: str, data_dir: Path, work_dir: Path, preset: str
     warn("ddl.conformance.check_ddp_equivalence", "use `conformance.check_strategies(name, "
          "data_dir, work_dir, ['ddp'], preset)`")
     rule = Tolerance("elementwise", per_tensor=False, rtol=rtol, atol=rtol * 0.1)
-    check_equivalence(name, data_dir, work_dir, plan_runs(["ddp"], frozenset()), rule, preset,
+    check_equivalence(name, data_dir, work_dir, plan_runs(["ddp"], frozenset(),
+                                                          checks=["strategies"]), rule, preset,
                       global_batch=global_batch, command=command)

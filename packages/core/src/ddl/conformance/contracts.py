@@ -23,8 +23,10 @@ CONTRACTS = {
     "tp_plan": "a workload declaring tp_plan maps module paths of its model to "
                "'colwise' or 'rowwise'",
     "strategy": "every strategy the workload supports, run by `ddl train` for 3 steps at "
-                "its smallest world, ends with the weights one process ends with at the "
-                "same seed and global batch (within the tolerance rule)",
+                "its smallest world, and every layout and feature ddl composes (HSDP, the "
+                "3-D mesh, tp and pp degrees of 4, accumulation, clipping, resume) end with "
+                "the weights one process ends with at the same seed and global batch "
+                "(within the tolerance rule)",
 }
 
 

@@ -4,7 +4,9 @@ strategy the workload supports at its smallest world, final weights compared per
 Each run is 3 optimizer steps of the ``tiny`` preset at the same seed and global batch
 (gloo on the CPU). Launches are the cost, so each layout runs once at the fewest processes
 that exercise it: 2, or 4 where a layout needs two degrees above 1 (``fsdp+tp``: at 2
-processes it is tensor parallel alone, dp = 1; the ``mesh`` run).
+processes it is tensor parallel alone, dp = 1; the ``mesh`` run). The runs beyond one per
+strategy (HSDP, 3-D, degrees, accumulation, clipping, resume) are planned in
+ddl.conformance.checks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,20 +46,23 @@ SUSPECTS = {
 
 @dataclass(frozen=True)
 class Run:
-    """One strategy run: ``label`` names it in failures (``strategy:<label>``)."""
+    """One run: ``label`` names it in failures (``strategy:<label>``). ``reference``: what
+    the one-process run it is compared with needs beyond the common flags (clipping's
+    ``--clip-grad-norm``); ``resumes``: the label of the run whose checkpoint after step
+    ddl.conformance.checks.RESUME_STEP this one continues."""
 
     label: str
     nproc: int
     args: tuple[str, ...]
     suspects: str
+    reference: tuple[str, ...] = ()
+    resumes: str = ""
 
 
-def plan_runs(strategies: list[str], capabilities: frozenset[str] | set[str]) -> list[Run]:
-    """The runs that check ``strategies`` (what ``ddl plugins`` lists as supported) for a
-    workload with these capabilities. ``mesh`` becomes the layout the hints allow beyond
-    the shorthands (pp x tp, pp x FSDP or HSDP-style replicas x tp); without tp or pp hints
-    it adds no run: its layouts are then data-parallel ones, which the ddp and fsdp runs
-    cover (HSDP aside: 4 more processes for little)."""
+def strategy_runs(strategies: list[str], capabilities: frozenset[str] | set[str]) -> list[Run]:
+    """One run per strategy, at the fewest processes that exercise it. ``mesh`` becomes the
+    layout the hints allow beyond the shorthands (pp x tp, pp x FSDP or replicas x tp);
+    without tp or pp hints it has no run of its own (ddl.conformance.checks says so)."""
     tp, pp = "tp_plan" in capabilities, "pipeline_splits" in capabilities
     runs = []
     for strategy in strategies:
@@ -66,15 +71,16 @@ def plan_runs(strategies: list[str], capabilities: frozenset[str] | set[str]) ->
                     "dp_replicate=2,tp=2" if tp else None)
             if mesh:
                 dims = [d.split("=")[0] for d in mesh.split(",")]
-                runs.append(Run(f"mesh {mesh}", 4, ("--mesh", mesh), _suspects(dims)))
+                runs.append(Run(f"mesh {mesh}", 4, ("--mesh", mesh), suspects_of(dims)))
             continue
         nproc = 4 if strategy == "fsdp+tp" else 2
         runs.append(Run(strategy, nproc, ("--strategy", strategy),
-                        _suspects(strategy.split("+"))))
+                        suspects_of(strategy.split("+"))))
     return runs
 
 
-def _suspects(parts: list[str]) -> str:
+def suspects_of(parts: list[str]) -> str:
+    """The hooks to check when a run of these strategies or mesh dimensions fails."""
     names = {"dp_shard": "fsdp", "dp_replicate": "ddp", "accelerate": "ddp"}
     return "; ".join(dict.fromkeys(SUSPECTS.get(names.get(p, p), SUSPECTS["ddp"])
                                    for p in parts))
@@ -160,36 +166,86 @@ def equivalence_results(name: str, data_dir: Path, work_dir: Path, runs: list[Ru
                         ) -> Iterator[tuple[Run | None, ContractBroken | None]]:
     """What check_equivalence checks, one result at a time: ``(None, failure)`` for the
     one-process reference (nothing follows a failed one), then ``(run, failure)`` per run
-    in ``runs`` order, ``failure`` None where it passed. Relative directories are read
-    from the current one (the launches run elsewhere)."""
+    in ``runs`` order, ``failure`` None where it passed. A run with a ``reference`` of its
+    own is compared with one process given those flags too; a run that ``resumes``
+    another starts when that one has ended. Relative directories are read from the
+    current one (the launches run elsewhere)."""
     data_dir, work_dir = Path(data_dir).resolve(), Path(work_dir).resolve()
     common = ("--preset", preset, "--global-batch-size", str(global_batch),
               "--data-dir", str(data_dir), *STEPS)
 
-    def launch(run: Run | None) -> dict:
-        if run is None:
-            return train(command, "strategy:one process", name, work_dir / "one-process",
-                         "--nproc", "1", *common)
-        run_dir = work_dir / ("strategy-" + "".join(c if c.isalnum() else "-" for c in run.label))
-        return train(command, f"strategy:{run.label}", name, run_dir, *run.args,
-                     "--nproc", str(run.nproc), *common)
+    def reference(extra: tuple[str, ...]) -> dict:
+        where = "one-process" + "".join(f"-{_slug(a)}" for a in extra)
+        return train(command, "strategy:one process", name, work_dir / where, "--nproc", "1",
+                     *extra, *common)
+
+    def launch(run: Run, resumed: Future | None) -> dict:
+        contract, args = f"strategy:{run.label}", (*run.args, "--nproc", str(run.nproc))
+        if resumed is not None:
+            try:
+                resumed.result()
+            except ContractBroken:
+                raise ContractBroken(contract, name, f"not run: the run it resumes "
+                                     f"({run.resumes}) failed") from None
+            from ddl.conformance.checks import RESUME_STEP
+
+            args += ("--resume", str(_run_dir(work_dir, run.resumes) / "checkpoints" /
+                                     f"step-{RESUME_STEP:08d}"))
+        weights = train(command, contract, name, _run_dir(work_dir, run.label), *args, *common)
+        _check_clipping_bound(contract, name, _run_dir(work_dir, run.label), run.args)
+        return weights
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = [pool.submit(launch, run) for run in [None, *runs]]
+        references = {extra: pool.submit(reference, extra)
+                      for extra in dict.fromkeys([(), *(r.reference for r in runs)])}
+        launched: dict[str, Future] = {}
+        for run in runs:  # a resumed run's own comes first in ``runs``: no wait on a queue
+            launched[run.label] = pool.submit(launch, run, launched.get(run.resumes))
         try:
             try:
-                want = futures[0].result()
+                references[()].result()
             except ContractBroken as exc:
                 yield None, exc
                 return
             yield None, None
-            for run, future in zip(runs, futures[1:]):
+            for run in runs:
                 try:
-                    compare(run, name, future.result(), want, tolerance)
+                    compare(run, name, launched[run.label].result(),
+                            _reference_of(run, name, references), tolerance)
                 except ContractBroken as exc:
                     yield run, exc
                 else:
                     yield run, None
         finally:
-            for future in futures:
+            for future in [*references.values(), *launched.values()]:
                 future.cancel()  # launches not yet started; running ones finish
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).strip("-")
+
+
+def _run_dir(work_dir: Path, label: str) -> Path:
+    return work_dir / f"strategy-{_slug(label)}"
+
+
+def _reference_of(run: Run, name: str, references: dict[tuple[str, ...], Future]) -> dict:
+    try:
+        return references[run.reference].result()
+    except ContractBroken as exc:  # a reference of its own: its failure is this check's
+        raise ContractBroken(f"strategy:{run.label}", name, f"one process with "
+                             f"{' '.join(run.reference)}: {exc.detail}") from None
+
+
+def _check_clipping_bound(contract: str, name: str, run_dir: Path, args: tuple[str, ...]
+                          ) -> None:
+    """A clipping check that never clipped checked nothing: the norm before clipping (each
+    epoch's mean, results.json) must exceed the limit."""
+    if "--clip-grad-norm" not in args:
+        return
+    limit = float(args[args.index("--clip-grad-norm") + 1])
+    epochs = json.loads((run_dir / "results.json").read_text())["epochs"]
+    norms = [e["grad_norm"] for e in epochs if e.get("grad_norm") is not None]
+    if not norms or min(norms) <= limit:
+        raise ContractBroken(contract, name, f"--clip-grad-norm {limit:g} did not bind "
+                             f"(gradient norms before clipping: {norms}): nothing was checked")

@@ -50,4 +50,5 @@ ddl_register_workloads = hook_returning(WorkloadSpec(
     name="cifar", factory="ddl_cifar.workload:CifarWorkload",
     summary="CIFAR-10, ResNet50 v2 (pre-activation) of the BSC CTE-POWER course",
     presets=PRESETS, default_preset="course",
+    contract="2",  # the contract major it is built against (ddl.contract.CONTRACT_VERSION)
     capabilities=frozenset({"fsdp_units", "pipeline_splits"})))

@@ -47,4 +47,5 @@ ddl_register_workloads = hook_returning(WorkloadSpec(
     name="imagewoof", factory="ddl_imagewoof.workload:ImagewoofWorkload",
     summary="Imagewoof 320 px (10 dog breeds), fastai-style xresnet50 of the JSC talk",
     presets=PRESETS, default_preset="course",
+    contract="2",  # the contract major it is built against (ddl.contract.CONTRACT_VERSION)
     capabilities=frozenset({"fsdp_units", "pipeline_splits"})))

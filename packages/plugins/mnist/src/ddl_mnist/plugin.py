@@ -30,4 +30,5 @@ ddl_register_workloads = hook_returning(WorkloadSpec(
     name="mnist", factory="ddl_mnist.workload:MnistWorkload",
     summary="MNIST digits, CNN of the BSC CTE-POWER course (conv 5x5 x2, dense 10)",
     presets=PRESETS, default_preset="course",
+    contract="2",  # the contract major it is built against (ddl.contract.CONTRACT_VERSION)
     capabilities=frozenset({"fsdp_units", "pipeline_splits"})))

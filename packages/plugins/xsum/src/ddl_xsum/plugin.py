@@ -63,6 +63,7 @@ def ddl_register_workloads():
             factory="ddl_xsum.workload:XsumWorkload",
             presets=PRESETS,
             default_preset="course",
+            contract="2",  # the contract major it is built against
             # pipeline stages are xsum's own: T5 is no plain chain (ddl_xsum.pipeline)
             capabilities=frozenset({"fsdp_units", "tp_plan", "pipeline_splits"}),
         ),
