@@ -106,6 +106,24 @@ def test_lumi(capsys, nodes):
         assert f"export {env}" in lines
 
 
+@pytest.mark.parametrize("site", ["juwels-booster", "jureca-dc"])
+def test_jsc_with_fewer_gpus_exports_only_those(capsys, site):
+    """The profile's CUDA_VISIBLE_DEVICES lists the node's four GPUs; a two-GPU job gets
+    two (issue 42)."""
+    lines = _lines(render(capsys, "--site", site, "--gpus-per-node", "2", *RUN))
+    assert "#SBATCH --gres=gpu:2" in lines
+    assert 'export CUDA_VISIBLE_DEVICES="0,1"' in lines
+
+
+def test_lumi_small_g_with_two_gcds_binds_two_masks(capsys):
+    """A partial small-g node: one mask per task of the job, not the node's eight."""
+    lines = _lines(render(capsys, "--site", "lumi-g", "--partition", "small-g",
+                          "--gpus-per-node", "2", *RUN))
+    assert "#SBATCH --ntasks-per-node=2" in lines
+    assert ("srun --ntasks-per-node=2 --cpu-bind=mask_cpu:0x00fe000000000000,"
+            "0xfe00000000000000 --kill-on-bad-exit=1 ddl \\") in lines
+
+
 # --- what the rendered rendezvous block does, run by bash ---------------------------------
 
 def test_jsc_job_resolves_the_ib_name_of_the_first_node(capsys, tmp_path):

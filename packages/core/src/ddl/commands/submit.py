@@ -18,6 +18,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     from ddl.contract.plugins import Plugins
     from ddl.launch.container_launch import check_target, image_for
     from ddl.launch.submit import SubmitRequest, check_syntax, render, sbatch
+    from ddl.launch.submit_checks import check_path_lengths, check_run
     from ddl.settings import config as cfg
     from ddl.settings import rundir
     from ddl.settings.plan import job_launcher
@@ -27,12 +28,16 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
     built = cfg.build(flags, file_values, plugins)  # validates everything the job will get
     config, site = built.config, built.site
-    plugins.workload(config.plugin)
-    plugins.strategy(config.strategy)
     if ns.nodes < 1:
         raise UsageError(f"--nodes: must be at least 1 (got {ns.nodes})")
     if ns.gpus_per_node is not None and ns.gpus_per_node < 0:
         raise UsageError(f"--gpus-per-node: must be 0 or more (got {ns.gpus_per_node})")
+    # What `ddl train` would refuse in the job, refused before the queue wait.
+    check_path_lengths({"--container": ns.container, "--output-dir": ns.output_dir,
+                        "--run-dir": config.run_dir, "--data-dir": config.data_dir,
+                        "--resume": config.resume})
+    check_run(config, plugins, site, nodes=ns.nodes, partition=ns.partition,
+              gpus=ns.gpus_per_node, data_dir_given=not built.data_dir_is_default)
     if config.launcher in ("auto", "local") and not site.uses_slurm:
         raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
                          + ", ".join(n for n in _slurm_sites(plugins)))

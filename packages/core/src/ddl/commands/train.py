@@ -44,7 +44,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
         return code
 
     # Inside a Slurm job (or under a launcher started by hand): every task sees the same
-    # flags, so every task checks them and all stop alike on a mistake.
+    # flags, so every task checks them and all stop alike on a mistake. The site's
+    # variables come from here too, not only from a `ddl submit` script (a hand-written srun).
+    from ddl.launch import site_env
+
+    os.environ.update(site_env.in_job(plan.site))
     if plan.launcher in ("srun", "worker"):
         if plan.launcher == "srun":
             from ddl.launch.slurm import srun_worker_env

@@ -96,6 +96,9 @@ class StrategySpec:
     # (an optional extra): without them the strategy is listed but unavailable
     imports: tuple[str, ...] = ()
     install: str = ""
+    # the --strategy-option keys it takes (its Strategy.options_help), so that `ddl submit`
+    # can refuse a misspelt one without importing torch; None: not declared, checked in the job
+    options: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         _check_contract(self.contract)

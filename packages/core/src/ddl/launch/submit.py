@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ddl import __version__
 
-from ddl.launch import container_launch
+from ddl.launch import container_launch, site_env
 from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import shell_lines
 from ddl.settings import rundir
@@ -39,6 +39,12 @@ SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds
                         r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
 UNLIMITED = ("INFINITE", "UNLIMITED")
 TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+# Well above the node count of any system with a profile here (the largest have some
+# thousand GPU nodes [K]): a typo of a count, refused before a script is written.
+MAX_NODES = 10_000
+# Account, partition and job names: Slurm's own are short; a longer one is a paste mistake
+# that sbatch would refuse only after ddl had written the script.
+NAME_LONGEST = 255
 HF_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
               "HF_EVALUATE_OFFLINE")
 
@@ -65,7 +71,10 @@ class SubmitRequest:
     data_dir: Path | None = None  # absolute; bound into the container with the run dir
 
 
-def _sbatch_value(flag: str, value: str) -> str:
+def _sbatch_value(flag: str, value: str, longest: int = 4096) -> str:
+    if len(value) > longest:
+        raise UsageError(f"{flag}: {value[:20]}... is {len(value)} characters long; allowed: "
+                         f"at most {longest}")
     if not SAFE_SBATCH.match(value):
         raise UsageError(f"{flag}: {value!r} cannot go into an #SBATCH line; allowed: "
                          "letters, digits and . _ : / + @ % = , -")
@@ -110,6 +119,18 @@ def _time(value: str, part_name: str, max_time: str | None, site: SiteProfile) -
     return value
 
 
+def _stop_margin(margin_s: int, time: str) -> None:
+    """The margin must fall inside the time limit: one as long would stop the job (and
+    requeue it) at every start; a negative one is no time before the end."""
+    if margin_s < 0:
+        raise UsageError(f"--stop-margin: {margin_s}; allowed: seconds >= 0 (0 = off)")
+    limit = slurm_seconds(time)
+    if margin_s and limit is not None and margin_s >= limit:
+        raise UsageError(f"--stop-margin: {margin_s} s is not shorter than --time {time} "
+                         f"({limit} s): the job would stop at once and requeue for ever; "
+                         f"allowed: 0 (off) to {limit - 1}")
+
+
 def _setup_lines(lines: list[str]) -> list[str]:
     """The user's ``--setup`` lines, as given (their own shell: not quoted), one line each
     and valid bash together (a block may span several --setup values)."""
@@ -147,6 +168,9 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
         raise UsageError(f"--site: {site.name} is not a Slurm site (launcher 'local'); "
                          "use `ddl train` there")
     part_name, part = site.partition(req.partition)
+    if req.nodes > MAX_NODES:
+        raise UsageError(f"--nodes: {req.nodes} is more than any system ddl knows has; "
+                         f"allowed: 1 to {MAX_NODES} (and the partition's limit)")
     if part.max_nodes and req.nodes > part.max_nodes:
         raise UsageError(f"--nodes: partition {part_name} of {site.name} allows at most "
                          f"{part.max_nodes} nodes (got {req.nodes})")
@@ -158,13 +182,14 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     per_node_launcher = req.launcher in ("torchrun", "torchrun_jsc")
     tasks = 1 if per_node_launcher else procs
     cpus_per_task = part.cpus_per_node if per_node_launcher else part.cpus_per_node // procs
-    job_name = _sbatch_value("--job-name", req.job_name or f"ddl-{req.plugin}-{req.strategy}")
+    job_name = _sbatch_value("--job-name", req.job_name or f"ddl-{req.plugin}-{req.strategy}",
+                             NAME_LONGEST)
     out_dir = _sbatch_value("--output-dir", str(req.output_dir))
 
     sb = [f"--job-name={job_name}"]
     if req.account:
-        sb.append(f"--account={_sbatch_value('--account', req.account)}")
-    sb.append(f"--partition={_sbatch_value('--partition', part_name)}")
+        sb.append(f"--account={_sbatch_value('--account', req.account, NAME_LONGEST)}")
+    sb.append(f"--partition={_sbatch_value('--partition', part_name, NAME_LONGEST)}")
     sb += [f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}", f"--cpus-per-task={cpus_per_task}"]
     if gpus and site.slurm.gpu_request == "gres":
         sb.append(f"--gres=gpu:{gpus}")
@@ -178,6 +203,7 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
         sb.append(f"--mem={site.slurm.mem}")
     # Short by default (the partition max may be days), but never above the partition's.
     time = _time(req.time or "01:00:00", part_name, part.max_time, site)
+    _stop_margin(req.stop_margin_s, time)
     sb.append(f"--time={time}")
     sb.append(f"--output={out_dir}/%x-%j.out")
     if req.stop_margin_s:
@@ -201,7 +227,7 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     lines.append("# Environment")
     lines.append('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"  '
                  "# srun no longer inherits --cpus-per-task (Slurm >= 22.05)")
-    lines += env_lines(site)
+    lines += env_lines(site, gpus)
     if site.offline:
         lines.append("# Compute nodes are offline: never try the model/data hubs")
         lines += [f"export {name}=1" for name in HF_OFFLINE]
@@ -220,7 +246,7 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     # Under a per-node launcher srun would bind only the launcher, and all its workers with
     # it: the workers bind themselves instead (worker_cores). One failed rank (or node)
     # ends the step at once instead of leaving the others waiting out their timeouts.
-    cpu_bind = "none" if per_node_launcher else site.cpu_binding.srun
+    cpu_bind = "none" if per_node_launcher else site_env.srun_binding(site, gpus)
     srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={cpu_bind}",
             "--kill-on-bad-exit=1"]
     if req.container is not None:  # "" = the site's default image
@@ -295,8 +321,8 @@ def _launch_note(launcher: str) -> str:
     return "One process per GPU; ranks from SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS"
 
 
-def env_lines(site: SiteProfile) -> list[str]:
-    return [f'export {k}="{v}"' for k, v in site.env.items()]
+def env_lines(site: SiteProfile, gpus: int | None = None) -> list[str]:
+    return [f'export {k}="{v}"' for k, v in site_env.variables(site, gpus).items()]
 
 
 def _bash_n(text: str) -> str:

@@ -3,6 +3,12 @@
 from ddl.contract.hookspecs import hookimpl
 from ddl.contract.specs import StrategySpec
 
+# The --strategy-option keys of each class (its options_help), named here without torch so
+# that `ddl submit` can check them before the queue (tests/unit/test_submit_preflight.py).
+DDP = frozenset({"bucket_cap_mb"})
+FSDP = frozenset({"reshard_after_forward", "param_dtype", "reduce_dtype"})
+PIPELINE = frozenset({"schedule", "stages_per_rank"})
+
 
 @hookimpl
 def ddl_register_strategies():
@@ -12,43 +18,44 @@ def ddl_register_strategies():
             summary="any layout from --mesh (pp, dp_replicate, dp_shard, tp): pipeline, then "
                     "tensor parallel, then FSDP/HSDP (DDP when only replicating); what "
                     "`ddl train --mesh ...` uses without --strategy",
-            factory="ddl_strategies.compose:MeshStrategy",
+            factory="ddl_strategies.compose:MeshStrategy", options=DDP | FSDP | PIPELINE,
             sync_bn=False,  # data-parallel groups are slices of the world
         ),
         StrategySpec(
             name="ddp",
             summary="DistributedDataParallel: full replica per process, gradients all-reduced",
-            factory="ddl_strategies.shorthands:DDP",
+            factory="ddl_strategies.shorthands:DDP", options=DDP,
         ),
         StrategySpec(
             name="fsdp",
             summary="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded "
                     "over the ranks",
-            factory="ddl_strategies.shorthands:FSDP",
+            factory="ddl_strategies.shorthands:FSDP", options=FSDP,
         ),
         StrategySpec(
             name="accelerate",
             summary="Hugging Face Accelerate's Accelerator (mode=ddp or mode=fsdp)",
             factory="ddl_strategies.accelerate:AccelerateStrategy",
             imports=("accelerate",), install="ddl-strategies[accelerate]",
+            options=frozenset({"mode"}),
         ),
         StrategySpec(
             name="pp",
             summary="pipeline parallel (torch.distributed.pipelining): stages over ranks, "
                     "GPipe/1F1B/interleaved schedules",
-            factory="ddl_strategies.shorthands:Pipeline",
+            factory="ddl_strategies.shorthands:Pipeline", options=PIPELINE,
             requires=frozenset({"pipeline_splits"}), sync_bn=False,  # ranks hold other layers
         ),
         StrategySpec(
             name="tp",
             summary="tensor parallel (DTensor, Megatron-style column/row splits)",
-            factory="ddl_strategies.shorthands:TensorParallel",
+            factory="ddl_strategies.shorthands:TensorParallel", options=frozenset(),
             requires=frozenset({"tp_plan"}), sync_bn=False,  # dp group < world
         ),
         StrategySpec(
             name="fsdp+tp",
             summary="2-D: FSDP over --mesh dp x tensor parallel over tp (default tp=2)",
-            factory="ddl_strategies.shorthands:FSDPTensorParallel",
+            factory="ddl_strategies.shorthands:FSDPTensorParallel", options=FSDP,
             requires=frozenset({"tp_plan"}), sync_bn=False,  # dp group < world
         ),
     ]

@@ -1,0 +1,106 @@
+"""What ``ddl submit`` checks of the run before it writes a script: the mistakes ``ddl
+train`` would find only inside the job, after the queue wait, refused here in one line and
+without torch (names, preset, strategy options, the layout, paths).
+
+Paths are checked where this machine has their file system: a ``/p/project1/...`` data dir
+rendered on a laptop (``--dry-run`` for another system) cannot be looked at, so only paths
+whose top directory exists here are (a login node of the site has them all).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddl.contract.errors import UsageError
+from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, resolve
+from ddl.settings.config import RunConfig, check_names
+from ddl.settings.sites import SiteProfile
+
+NAME_MAX = 255  # bytes in one file name (Linux)
+PATH_MAX = 4096  # bytes in a whole path (Linux)
+BELOW_RUN_DIR = 256  # room for the files ddl writes below a run dir (checkpoints/step-...)
+
+
+def processes_per_node(site: SiteProfile, partition: str | None, gpus: int | None) -> int:
+    """The ranks one node of the job runs: its GPUs (the partition's, or --gpus-per-node),
+    one process on a CPU-only request."""
+    _, part = site.partition(partition)
+    return max(part.gpus_per_node if gpus is None else gpus, 1)
+
+
+def check_run(config: RunConfig, plugins, site: SiteProfile, *, nodes: int,
+              partition: str | None, gpus: int | None, data_dir_given: bool) -> None:
+    """Every check; the first mistake raises UsageError (one line)."""
+    check_names(config, plugins)  # plugin, strategy, preset
+    _strategy_options(config, plugins)
+    _gpus(site, config.device, gpus)
+    _mesh(config, nodes * processes_per_node(site, partition, gpus))
+    if data_dir_given:  # the default ./data: the job may be submitted from anywhere
+        _path_here(Path(config.data_dir or "data"), "--data-dir",
+                   f"give an existing directory, or run `ddl prepare --plugin "
+                   f"{config.plugin} --data-dir {config.data_dir}` on a login node")
+    if config.resume not in ("none", "auto"):
+        _path_here(Path(config.resume), "--resume",
+                   "allowed: none, auto, or the path of a checkpoint or a run directory")
+
+
+def check_path_lengths(paths: dict[str, Path | str | None]) -> None:
+    """Each path the job will use within Linux's limits (NAME_MAX 255 bytes a name,
+    PATH_MAX 4096 in all, less room for what ddl writes below a run dir): otherwise the
+    job would fail at its first file, after the queue wait."""
+    for flag, path in paths.items():
+        if path is None or "://" in str(path):  # a registry reference is no file
+            continue
+        text = str(path)
+        longest = max((len(part.encode()) for part in Path(text).parts), default=0)
+        if longest > NAME_MAX:
+            raise UsageError(f"{flag}: {text[:40]}... has a name of {longest} bytes; allowed: "
+                             f"at most {NAME_MAX} bytes a name (the file system's limit)")
+        if len(text.encode()) > PATH_MAX - BELOW_RUN_DIR:
+            raise UsageError(f"{flag}: {text[:40]}... is {len(text.encode())} bytes long; "
+                             f"allowed: at most {PATH_MAX - BELOW_RUN_DIR}")
+
+
+def _strategy_options(config: RunConfig, plugins) -> None:
+    spec = plugins.strategy(config.strategy)
+    if spec.options is None:  # not declared by its plugin: the job checks them
+        return
+    unknown = sorted(set(config.strategy_options) - spec.options)
+    if unknown:
+        allowed = ", ".join(sorted(spec.options)) or "none"
+        raise UsageError(f"--strategy-option: {spec.name} has no option {unknown[0]!r}; "
+                         f"allowed: {allowed}")
+
+
+def _gpus(site: SiteProfile, device: str, gpus: int | None) -> None:
+    """No GPU on a GPU site trains on the nodes' CPUs: only when --device cpu says so."""
+    if gpus == 0 and site.accelerator != "cpu" and device != "cpu":
+        raise UsageError(f"--gpus-per-node: 0 on {site.name}, whose nodes have "
+                         f"{site.accelerator} GPUs; allowed: 1 or more (or --device cpu)")
+
+
+def _mesh(config: RunConfig, world: int) -> None:
+    """The degrees of --mesh against the job's world (nodes x processes per node)."""
+    if not config.mesh:
+        return
+    if config.strategy == "mesh":  # the composed strategy's rule, as `ddl layout` applies it
+        resolve(config.mesh, world, strategy="mesh", allowed=MESH_ALLOWED,
+                dp_means=MESH_DP_MEANS, fill=MESH_FILL)
+        return
+    product = 1  # any strategy: the named degrees are factors of the world
+    for size in config.mesh.values():
+        product *= size
+    if product < 1 or world % product:
+        named = ",".join(f"{d}={s}" for d, s in config.mesh.items())
+        raise UsageError(f"--mesh: {named} does not divide the job's {world} processes "
+                         f"(--nodes x GPUs per node); allowed: degrees whose product divides "
+                         f"{world}")
+
+
+def _path_here(path: Path, flag: str, allowed: str) -> None:
+    """A path the job will read must exist, when its file system is on this machine."""
+    absolute = path.resolve()
+    top = Path(*absolute.parts[:2])
+    if absolute.exists() or not top.exists():
+        return
+    raise UsageError(f"--{flag.lstrip('-')}: {absolute} does not exist; {allowed}")
