@@ -77,7 +77,8 @@ def test_fields_come_from_their_inputs(tmp_path, monkeypatch):
                     profile=[{"trace": "trace-rank0.json"}, {"trace": "trace-rank1.json"}])
     assert doc["wall_time_s"] == pytest.approx(42.5)
     assert doc["checkpoints"] == {"latest": str(tmp_path / "checkpoints" / "step-00000020"),
-                                  "keep": 3, "every_steps": 7,
+                                  "keep": 3, "every_steps": 7, "asynchronous": False,
+                                  "stall": {},
                                   "resumed_from": {"checkpoint": str(tmp_path / "old"),
                                                    "step": 20, "saved_by_world_size": 4}}
     assert doc["restarts"] == {"slurm_restart_count": 2, "worker_restarts": 0}
