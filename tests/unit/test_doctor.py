@@ -68,3 +68,33 @@ def test_torch_build_is_checked_against_the_site():
     local = run_ddl("doctor", "--site", "local")
     assert _checks(local)["torch"] == "ok" and _checks(local)["python"] == "ok"
     assert f"torch {torch.__version__} (" in local.stdout
+
+
+def test_a_gpu_site_without_a_container_runtime_passes():
+    """A job without --container needs no apptainer: doctor passes a JSC login node that
+    has none (issue 42), and says when it would be needed."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"  # no runtime there
+    assert not any(os.path.exists(f"/usr/bin/{n}") or os.path.exists(f"/bin/{n}")
+                   for n in ("apptainer", "singularity"))
+    proc = run_ddl("doctor", "--site", "juwels-booster", env=env)
+    checks = _checks(proc)
+    assert checks["container"] == "skip", proc.stdout
+    assert "needed only by jobs with --container" in proc.stdout
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_a_cpu_torch_is_not_called_a_cuda_build(monkeypatch):
+    from ddl.commands import doctor
+    from ddl.launch import environment
+    from ddl.settings.sites import get_site
+
+    monkeypatch.setattr(environment, "installed_torch",
+                        lambda: environment.TorchBuild("2.7.1+cpu", "cpu", None))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    status, detail = doctor._check_devices(get_site("juwels-booster"))
+    assert status == "skip"
+    assert "torch 2.7.1+cpu (CPU-only build)" in detail and "CUDA" not in detail

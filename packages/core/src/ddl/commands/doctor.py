@@ -72,14 +72,15 @@ def _check_devices(site) -> tuple[str, str]:
     if site.partitions:
         expected = site.partitions[site.default_partition].gpus_per_node
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    build = "ROCm" if getattr(torch.version, "hip", None) else "CUDA"
+    found = environment.installed_torch()  # a +cpu build is neither CUDA nor ROCm
+    build = found.describe() if found else f"torch {torch.__version__}"
     if "SLURM_JOB_ID" not in os.environ:
-        return SKIP, f"not inside a job ({visible} GPU(s) visible here, torch {build} build)"
+        return SKIP, f"not inside a job ({visible} GPU(s) visible here, {build})"
     if visible == 0:
         return FAIL, "no GPU visible to torch inside the job (check --gres/--gpus-per-node)"
     if expected and visible != expected:
         return FAIL, f"{visible} GPU(s) visible, the partition has {expected} per node"
-    return OK, f"{visible} {build} device(s) visible"
+    return OK, f"{visible} device(s) visible ({build})"
 
 
 def _check_backend(site) -> tuple[str, str]:
@@ -128,9 +129,9 @@ def _check_container(site) -> tuple[str, str]:
                           f"{site.name}'s {label} GPUs; use a {site.accelerator} image")
         return OK, inside.describe()
     found = [n for n in ("apptainer", "singularity") if shutil.which(n)]
-    if not found:
-        status = FAIL if site.accelerator != "cpu" else SKIP
-        return status, "neither apptainer nor singularity is on PATH"
+    if not found:  # a job without --container runs the venv: nothing missing for it
+        return SKIP, ("neither apptainer nor singularity is on PATH: needed only by jobs "
+                      "with --container")
     note = f"{', '.join(found)} found"
     if site.container.runtime not in found:
         note += f" (the site profile names {site.container.runtime})"
