@@ -45,10 +45,12 @@ class StrategyContext:
     microbatches: int | None = None  # --microbatches as given (pipelines)
     clip_grad_norm: float | None = None  # --clip-grad-norm
     precision: str = "fp32"  # --precision as given ("auto" resolves per device)
-    #: The run's DeviceMesh (ddl.worker.mesh): the layout's four named dimensions and
-    #: ``dp`` (dp_replicate x dp_shard flattened), built once by the worker. None before
-    #: workers start (the pre-flight) and for callers that build no mesh.
+    #: The run's DeviceMesh (ddl.worker.mesh): the layout's four named dimensions, built
+    #: once by the worker. None before workers start (the pre-flight) and for callers
+    #: that build no mesh.
     mesh: Any = None
+    #: Its data-parallel ranks as one dimension (``dp``: dp_replicate x dp_shard flattened).
+    dp_mesh: Any = None
 
 
 class Strategy(ABC):

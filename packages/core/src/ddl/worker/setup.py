@@ -189,7 +189,8 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
     ``workers`` is the number of DataLoader processes per rank."""
     strategy, parallel, layout = build(config, world, plugins)
-    parallel = replace(parallel, mesh=mesh.build(parallel.layout, world))  # the one mesh
+    run_mesh, dp_mesh = mesh.build(parallel.layout, world)  # the one mesh, built once
+    parallel = replace(parallel, mesh=run_mesh, dp_mesh=dp_mesh)
     workload = parallel.workload
     data_dir = Path(config.data_dir)
     context = RunContext(data_dir=data_dir, world=world, parallel=parallel.layout,
@@ -200,7 +201,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     splits = workload.datasets(data_dir)
 
     pin = world.device.type == "cuda"
-    dp_rank, dp_size = mesh.data_shard(parallel.mesh)
+    dp_rank, dp_size = mesh.data_shard(parallel.dp_mesh)
     # The loader delivers micro-batches; an optimizer step takes `accumulation` of them.
     loader = train_loader(splits["train"], batch_size=layout.micro_batch,
                           replicas=dp_size, rank=dp_rank, seed=config.seed,
@@ -245,7 +246,7 @@ def _build_model(config: RunConfig, world: World, workload: Workload, strategy: 
     if workload.channels_last and world.device.type == "cuda":  # before DDP's buckets
         model = model.to(memory_format=torch.channels_last)
     if config.sync_bn:  # before wrapping: strategies shard or split what they are given
-        model = sync_bn.apply(model, world, parallel.mesh)
+        model = sync_bn.apply(model, world, parallel.dp_mesh)
     # per block unit, before wrapping: checkpointing inside, compiling around, sharding outside
     if config.activation_checkpointing != "none" or config.compile:
         units = workload.fsdp_units(model)

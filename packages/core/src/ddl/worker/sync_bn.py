@@ -53,12 +53,12 @@ def check(sync_bn: bool, strategy, strategies) -> None:
                          f" allowed with: {', '.join(able) or 'none installed'}")
 
 
-def apply(model: nn.Module, world, mesh=None) -> nn.Module:
+def apply(model: nn.Module, world, dp_mesh=None) -> nn.Module:
     """``--sync-bn`` for a run: convert ``model`` (built, not yet wrapped by the strategy) on
-    every rank, its statistics reduced over the run mesh's data-parallel ranks (``dp``; the
-    whole world without a mesh). A model without plain BatchNorm is left as it is, with a
+    every rank, its statistics reduced over the run's data-parallel ranks (``dp_mesh``; the
+    whole world without one). A model without plain BatchNorm is left as it is, with a
     note on rank 0."""
-    group = None if mesh is None else mesh["dp"].get_group()
+    group = None if dp_mesh is None else dp_mesh.get_group()
     model, converted = convert(model, world.device, group)
     if not converted and world.is_main:
         print("ddl: note: --sync-bn: the model has no plain BatchNorm layer; nothing to "
