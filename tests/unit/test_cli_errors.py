@@ -20,6 +20,12 @@ pytestmark = pytest.mark.unit
      ["--global-batch-size: 8 is not a multiple of --batch-size 3", "allowed: multiples of"]),
     (["train", "--device", "tpu"], ["--device", "invalid choice: 'tpu'"]),
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+    # issue 43: an empty run dir is the cwd; flags that passed, then failed every run
+    (["train", "--run-dir", ""], ["--run-dir", "empty path", "allowed:"]),
+    (["train", "--run-dir="], ["--run-dir", "empty path", "allowed:"]),
+    (["train", "--hang-timeout", "0.001"], ["--hang-timeout", "allowed: 0 (off) or 1 to"]),
+    (["train", "--warmup-epochs", "1e308"], ["--warmup-epochs", "less than or equal to"]),
+    (["train", "--mesh", "dp=2,dp=4"], ["--mesh", "'dp' is named twice", "allowed:"]),
 ])
 def test_bad_flags(tmp_path, args, needles):
     assert_one_line_error(run_ddl(*args, cwd=tmp_path), *needles)
@@ -36,6 +42,28 @@ def test_data_dir_that_is_a_file(tmp_path):
     proc = run_ddl("train", "--data-dir", str(tmp_path / "data"), cwd=tmp_path)
     assert_one_line_error(proc, "--data-dir", "is not a directory", "ddl prepare")
     assert (tmp_path / "data").read_text() == "not a directory"
+
+
+def test_data_dir_it_may_not_read(tmp_path):
+    """Issue 43: a data dir of mode 000 (as a user whom modes bind) was a 22-line
+    traceback, exit 1. A fresh interpreter: the modes bind only a process started so."""
+    import os
+
+    from conftest import DDL, run_bounded
+    from unprivileged import bound_by_modes
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        proc = run_bounded(bound_by_modes([DDL, "train", "--data-dir", str(locked),
+                                           "--run-dir", str(tmp_path / "run")]),
+                           timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    finally:
+        locked.chmod(0o755)
+    assert_one_line_error(proc, "--data-dir: cannot read", "locked", "Permission denied",
+                          "allowed:")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("value", ["-5", "nan"])

@@ -68,3 +68,28 @@ def test_batch_resolution_and_linear_scaling():
     # the CTE-POWER course: lr 0.01 x number of GPUs when the batch grows with them
     assert scaled_lr(RunConfig(lr_scaling="linear"), 0.01, 1024, 256) == pytest.approx(0.04)
     assert scaled_lr(RunConfig(), 0.01, 1024, 256) == 0.01
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("epochs = true\n", "--epochs: Input should be a valid integer (got True)"),
+    ('lr = "0.1"\n', "--lr: Input should be a valid number (got '0.1')"),
+    ("sync_bn = 1\n", "--sync-bn: Input should be a valid boolean (got 1)"),
+    ("nproc = 2.0\n", "--nproc: Input should be a valid integer (got 2.0)"),
+    ('run_dir = ""\n', "--run-dir: an empty path would mean the current directory"),
+    ("mesh = {dp = 0}\n", "--mesh: Input should be greater than or equal to 1 (got 0)"),
+])
+def test_config_file_values_are_taken_as_written(tmp_path, text, needle):
+    """Issue 43: `epochs = true` was 1 epoch, `run_dir = ""` the current directory."""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        build({}, load_config_file(path), None)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_config_file_paths_and_whole_seconds_still_read(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('hang_timeout = 4\nrun_dir = "r"\ndata_dir = "d"\nlr = 1\n')
+    config = build({}, load_config_file(path), None).config
+    assert (config.hang_timeout, config.run_dir, config.data_dir, config.lr) == \
+        (4.0, Path("r"), Path("d"), 1.0)

@@ -143,3 +143,46 @@ def test_write_errors_become_one_line_and_reads_do_not(tmp_path):
     data = PermissionError(errno.EACCES, "Permission denied", "/data/train.bin")
     assert one_line(data, tmp_path) is None  # reading the data is not a write
     assert one_line(ValueError("a plugin's bug"), tmp_path) is None
+
+
+@pytest.mark.parametrize("flag", ["--run-dir", "--data-dir"])
+def test_a_path_through_a_symlink_loop_is_one_line(tmp_path, flag):
+    """Issue 43: pathlib's RuntimeError (a ~30-line traceback) from the run plan."""
+    from ddl.settings.config import build
+    from ddl.settings.plan import make_plan
+
+    (tmp_path / "loop").symlink_to("loop")
+    built = build({flag[2:].replace("-", "_"): tmp_path / "loop" / "x", "site": "local"}, {},
+                  None)
+    with pytest.raises(UsageError, match=f"^{flag}: cannot resolve .*loop/x: "):
+        make_plan(built, env={})
+
+
+RESUME = ("import sys; from pathlib import Path; from ddl.settings import rundir; "
+          "from ddl.contract.errors import UsageError\n"
+          "try: rundir.create(Path(sys.argv[1]), 'auto')\n"
+          "except UsageError as exc: print(f'ddl: error: {exc}', file=sys.stderr); "
+          "sys.exit(2)")  # as the CLI ends on a UsageError
+
+
+def test_resume_into_a_read_only_run_directory_is_bad_input(tmp_path):
+    """Issue 43: `--resume auto` into a run directory made read-only (its `.lock` left
+    writable) passed the lock and failed at the first file written, exit 1; it is refused
+    where bad input is, before anything is written."""
+    from unprivileged import bound_by_modes
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / rundir.CONFIG).write_text('{"kept": true}\n')  # an interrupted run
+    (run_dir / rundir.LOCK).write_text("")
+    run_dir.chmod(0o555)
+    try:
+        proc = subprocess.run(bound_by_modes([sys.executable, "-c", RESUME, str(run_dir)]),
+                              capture_output=True, text=True, check=False)
+    finally:
+        run_dir.chmod(0o755)
+    assert proc.returncode == 2 and proc.stderr.startswith("ddl: error: --run-dir: cannot "
+                                                           "write in "), proc
+    assert "Permission denied" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == [rundir.LOCK, rundir.CONFIG]
+    assert (run_dir / rundir.CONFIG).read_text() == '{"kept": true}\n'

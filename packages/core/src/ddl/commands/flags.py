@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.commands.parser import SUBMIT_ONLY
+from ddl.settings.plan import absolute
 
 
 def train_flags(ns: argparse.Namespace) -> dict[str, Any]:
@@ -36,6 +37,6 @@ def train_arguments(flags: dict[str, Any], leave_out: Collection[str] = ()) -> l
         if key == "mesh":
             value = ",".join(f"{k}={v}" for k, v in value.items())
         if isinstance(value, Path):
-            value = value.resolve()
+            value = absolute(value, f"--{key.replace('_', '-')}")
         args.append(f"--{key.replace('_', '-')}={value}")
     return args

@@ -36,8 +36,21 @@ def _mesh(text: str) -> dict[str, int]:
         if not sep or not name or not size.isdigit() or int(size) < 1:
             raise argparse.ArgumentTypeError(f"{part!r} is not DIM=N with N >= 1 "
                                              "(e.g. dp=2,tp=2)")
+        if name in mesh:  # a dict would keep the last silently
+            raise argparse.ArgumentTypeError(f"{name!r} is named twice in {text!r}; "
+                                             "allowed: each dimension once")
         mesh[name] = int(size)
     return mesh
+
+
+def _directory(text: str) -> Path:
+    """A directory flag's path; an empty one is refused (Path("") is the current directory,
+    so `--run-dir ''` would write a run into it)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path would mean the current directory; "
+                                         "allowed: a directory name ('.' to mean the current "
+                                         "one)")
+    return Path(text)
 
 
 def _train_flags(p: argparse.ArgumentParser) -> None:
@@ -88,8 +101,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-epochs", type=float, default=S,
                    help="linear learning-rate warm-up length (default: 0)")
     p.add_argument("--seed", type=int, default=S, help="default: 1, as in the courses")
-    p.add_argument("--data-dir", type=Path, default=S, help="default: the site's (./data)")
-    p.add_argument("--run-dir", type=Path, default=S,
+    p.add_argument("--data-dir", type=_directory, default=S,
+                   help="default: the site's (./data)")
+    p.add_argument("--run-dir", type=_directory, default=S,
                    help="where results go (default: runs/<plugin>-<strategy>-<time>)")
     p.add_argument("--workers", type=int, default=S, help="DataLoader workers per process")
     p.add_argument("--steps-per-epoch", type=int, default=S,
@@ -148,7 +162,7 @@ def make_parser() -> argparse.ArgumentParser:
     prepare = sub.add_parser("prepare", help="download a dataset (login node) or generate a "
                                              "synthetic one in the same format")
     prepare.add_argument("--plugin", default=argparse.SUPPRESS, help="workload (default: mnist)")
-    prepare.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
+    prepare.add_argument("--data-dir", type=_directory, default=argparse.SUPPRESS,
                          help="default: the site's (./data)")
     prepare.add_argument("--site", default=argparse.SUPPRESS, help="default: local")
     prepare.add_argument("--preset", default=argparse.SUPPRESS,

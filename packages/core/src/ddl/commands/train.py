@@ -34,7 +34,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
         if plan.nproc_per_node > 1:
             local.one_thread_per_rank()  # before the pre-flight imports torch
-        _preflight(plan, plugins, may_generate_data=plan.data_dir_is_default)
+        plan = _preflight(plan, plugins, may_generate_data=plan.data_dir_is_default)
         rundir.create(plan.run_dir, plan.config.resume)
         run_plan.write(plan)
         code = local.launch_local(plan.run_dir, plan.nproc_per_node, plan.config.max_restarts,
@@ -54,13 +54,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
             from ddl.launch.slurm import srun_worker_env
 
             os.environ.update(srun_worker_env(plan.site))
-        _preflight(plan, plugins, may_generate_data=False)
+        plan = _preflight(plan, plugins, may_generate_data=False)
         worker.run(plan, create_run_dir=True)
         worker.exit_now(0)  # skip interpreter teardown (see worker.exit_now)
 
     from ddl.launch.slurm import exec_node_launcher, node_launcher_command
 
-    _preflight(plan, plugins, may_generate_data=False)
+    plan = _preflight(plan, plugins, may_generate_data=False)
     command = node_launcher_command(plan.launcher, plan.site, plan.nproc_per_node,
                                     max_restarts=plan.config.max_restarts,
                                     rendezvous_timeout=plan.config.rendezvous_timeout)
@@ -75,9 +75,11 @@ def _results_kept(run_dir: Path) -> None:
     container_inside.check_kept(run_dir, "--run-dir", container_inside.detect())
 
 
-def _preflight(plan, plugins, may_generate_data: bool) -> None:
+def _preflight(plan, plugins, may_generate_data: bool):
     """Everything that can be checked before workers start, so mistakes cost seconds and
-    give one line instead of N ranks' worth of errors."""
+    give one line instead of N ranks' worth of errors. Returns the plan with what the
+    checks worked out (preset, layout, batch split, lr, precision: ``plan.resolved``), so
+    the workers read it instead of working it out again."""
     from ddl.launch.environment import check_strategy_torch, installed_torch
 
     config, site = plan.config, plan.site
@@ -87,7 +89,6 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
         _data_dir_exists(Path(config.data_dir), config.plugin)  # before torch: 0.2 s, not 2.5
     import torch
 
-    from ddl.contract.errors import DataMissing
     from ddl.contract.world import World
     from ddl.worker.trainer import build
 
@@ -108,19 +109,40 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
     workload = context.workload
     data_dir = Path(config.data_dir)
     try:
+        _data_ready(workload, data_dir, config, site.name, may_generate_data)
+    except PermissionError as exc:  # e.g. a data dir of mode 000: one line, not a traceback
+        raise _refused(exc, data_dir, "read") from None
+    from ddl.worker.setup import check_model_fits
+
+    check_model_fits(strategy, context, layout, data_dir)
+    from ddl.worker.precision import resolve as resolve_precision
+    from ddl.worker.setup import resolved_of
+
+    precision = resolve_precision(config.precision, stand_in.device)
+    return plan.model_copy(update={"resolved": resolved_of(layout, context, precision)})
+
+
+def _data_ready(workload, data_dir: Path, config, site: str, may_generate_data: bool) -> None:
+    """The workload's data is in ``data_dir``, generated there if the site allows it."""
+    from ddl.contract.errors import DataMissing
+
+    try:
         workload.check_data(data_dir)
     except DataMissing:
         if not (may_generate_data and config.synthetic_if_missing):
             raise
         print(f"ddl: no {config.plugin} data in {data_dir}; generating a SYNTHETIC stand-in "
-              f"in the official format (site {site.name!r} allows it). For the real data run "
+              f"in the official format (site {site!r} allows it). For the real data run "
               f"`ddl prepare --plugin {config.plugin}` on a machine with internet access.",
               flush=True)
         workload.prepare(data_dir, synthetic=True)
         workload.check_data(data_dir)
-    from ddl.worker.setup import check_model_fits
 
-    check_model_fits(strategy, context, layout, data_dir)
+
+def _refused(exc: PermissionError, data_dir: Path, needs: str) -> UsageError:
+    return UsageError(f"--data-dir: cannot {needs} {exc.filename or data_dir}: "
+                      f"{exc.strerror}; allowed: a directory this user may {needs} (chmod, or "
+                      "ask its owner)")
 
 
 def _uses_gpu(config, site) -> bool:
@@ -158,7 +180,10 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
     data_dir = Path(config.data_dir)
     if data_dir.exists() and not data_dir.is_dir():
         raise UsageError(f"--data-dir: {data_dir} exists and is not a directory")
-    where = workload.prepare(data_dir, synthetic=ns.synthetic)
+    try:
+        where = workload.prepare(data_dir, synthetic=ns.synthetic)
+    except PermissionError as exc:
+        raise _refused(exc, data_dir, "write") from None
     # "official" only where ddl knows the data came from a download (the workload's data
     # module); a plugin's own prepare() may generate its data
     if ns.synthetic or workload.is_synthetic(Path(where)):

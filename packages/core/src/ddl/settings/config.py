@@ -19,9 +19,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from ddl.contract.errors import UsageError
 from ddl.settings.sites import SiteProfile
@@ -37,10 +39,17 @@ else:  # pragma: no cover
 #: ends (``--nproc 100000``, ``epochs = 99999999999999999999``); far above any real run.
 MAX_NPROC = 256  # processes per node; the largest nodes ddl knows have 8 GPUs
 MAX_COUNT = 10**9  # epochs, steps, batch sizes
+MAX_LR = 1e3  # above any real learning rate; linear scaling of it stays finite
+MAX_SECONDS = 86400  # timeouts: a day
+#: The shortest --hang-timeout that works: its heartbeat's store connection must come up
+#: within it (0.001 s failed every run with the store's C++ error).
+MIN_HANG_TIMEOUT = 1
 
 
 class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `epochs = true` or `lr = "0.1"` in a config file is refused, not converted
+    # (paths alone are converted from text: TOML and JSON have no path type)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     plugin: str = Field("mnist", description="workload plugin")
     strategy: str = Field("ddp", description="parallelism strategy (default: ddp; 'mesh' "
@@ -61,18 +70,18 @@ class RunConfig(BaseModel):
         "are accumulated per optimizer step")
     strategy_options: dict[str, str] = Field(
         default_factory=dict, description="strategy-specific settings (KEY=VALUE)")
-    mesh: dict[str, int] = Field(
+    mesh: dict[str, Annotated[int, Field(ge=1, le=MAX_COUNT)]] = Field(
         default_factory=dict, description="parallel degrees by name, e.g. {dp: 2, tp: 2}; "
         "the strategy fills in what is missing from the world size")
     microbatches: int | None = Field(None, ge=1, le=MAX_COUNT,
                                      description="pipeline microbatches per step")
     sync_bn: bool = Field(False, description="BatchNorm statistics over the whole global batch "
                           "(all data-parallel ranks), not each rank's share")
-    lr: float | None = Field(None, gt=0, allow_inf_nan=False,
+    lr: float | None = Field(None, gt=0, le=MAX_LR, allow_inf_nan=False,
                              description="learning rate before scaling")
     lr_scaling: Literal["none", "linear"] = Field(
         "none", description="'linear': lr x global batch / the preset's batch (Goyal et al. 2017)")
-    warmup_epochs: float = Field(0.0, ge=0, allow_inf_nan=False,
+    warmup_epochs: float = Field(0.0, ge=0, le=MAX_COUNT, allow_inf_nan=False,
                                  description="linear learning-rate warm-up")
     warmup_steps: int | None = Field(
         None, ge=0, le=MAX_COUNT, description="linear learning-rate warm-up in optimizer "
@@ -81,8 +90,8 @@ class RunConfig(BaseModel):
         "workload", description="learning-rate shape after warm-up: the workload's own "
         "(default), constant, cosine or linear to 0, step (x0.1 at 1/2, x0.01 at 3/4)")
     clip_grad_norm: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="scale gradients to this global 2-norm "
-        "at most (over the whole model, whatever the strategy)")
+        None, gt=0, le=MAX_COUNT, allow_inf_nan=False, description="scale gradients to "
+        "this global 2-norm at most (over the whole model, whatever the strategy)")
     activation_checkpointing: Literal["none", "full", "selective"] = Field(
         "none", description="recompute activations in the backward pass, per block unit of "
         "the workload: full (keep only each unit's inputs) or selective (keep matrix "
@@ -91,8 +100,9 @@ class RunConfig(BaseModel):
                           "(regional compilation)")
     # torch generators take 64-bit seeds; ranks and epochs are added to this one
     seed: int = Field(1, ge=0, le=2**63 - 1)
-    data_dir: Path | None = None
-    run_dir: Path | None = Field(None, description="default: runs/<plugin>-<strategy>-<time>")
+    data_dir: Path | None = Field(None, strict=False)
+    run_dir: Path | None = Field(None, strict=False,
+                                 description="default: runs/<plugin>-<strategy>-<time>")
     workers: int | None = Field(None, ge=0, le=MAX_NPROC,
                                 description="DataLoader workers per process")
     steps_per_epoch: int | None = Field(None, ge=1, le=MAX_COUNT,
@@ -128,13 +138,32 @@ class RunConfig(BaseModel):
     synthetic_if_missing: bool = Field(
         False, description="generate synthetic data if the site's default data dir is empty")
     rendezvous_timeout: float = Field(
-        300, ge=1, le=86400, description="seconds all ranks have to meet at "
+        300, ge=1, le=MAX_SECONDS, description="seconds all ranks have to meet at "
         "MASTER_ADDR:MASTER_PORT before the run fails naming the address and how many ranks "
         "arrived")
 
     hang_timeout: float = Field(
-        120, ge=0, le=86400, description="seconds without a heartbeat after which a rank "
-        "counts as hung (stopped, a frozen node) and the run ends naming it; 0 = off")
+        120, ge=0, le=MAX_SECONDS, description="seconds without a heartbeat after which a "
+        f"rank counts as hung (stopped, a frozen node) and the run ends naming it; 0 = off, "
+        f"else at least {MIN_HANG_TIMEOUT}")
+
+    @field_validator("data_dir", "run_dir", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value:  # Path("") is "." : a run into the cwd
+            raise PydanticCustomError("empty_path", "an empty path would mean the current "
+                                      "directory; allowed: a directory name ('.' to mean "
+                                      "the current one)")
+        return value
+
+    @field_validator("hang_timeout")
+    @classmethod
+    def _hang_floor(cls, value: float) -> float:
+        if 0 < value < MIN_HANG_TIMEOUT:
+            raise PydanticCustomError(
+                "hang_floor", f"too short for the heartbeat to connect; allowed: 0 (off) or "
+                f"{MIN_HANG_TIMEOUT} to {MAX_SECONDS} seconds")
+        return value
 
     @model_validator(mode="after")
     def _one_warmup_flag(self) -> RunConfig:

@@ -33,6 +33,24 @@ PLAN_ENV = "DDL_RUN_PLAN"
 MAX_LOADER_WORKERS = 8
 
 
+class Resolved(BaseModel):
+    """What the pre-flight worked out from the flags, the preset and the layout, for the
+    workers to read instead of working it out again: one rule, applied once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str  # the workload preset's name (its values come with the workload's spec)
+    degrees: dict[str, int]  # the parallel layout: pp, dp_replicate, dp_shard, tp
+    batch_per_replica: int  # samples per replica per optimizer step
+    global_batch: int
+    micro_batch: int  # samples per replica per forward pass
+    accumulation: int  # forward/backward passes per optimizer step
+    base_lr: float  # the preset's or --lr
+    lr: float  # after --lr-scaling
+    epochs: int
+    precision: str  # fp32, bf16 or fp16: "auto" decided for the device kind
+
+
 class RunPlan(BaseModel):
     """One run, fully decided. ``config.run_dir`` and ``config.data_dir`` are absolute."""
 
@@ -47,6 +65,8 @@ class RunPlan(BaseModel):
     world_size: int
     loader_workers: int  # DataLoader processes per rank
     data_dir_is_default: bool  # only then may synthetic data be generated into it
+    # the pre-flight's results (None where no pre-flight ran: the workers decide then)
+    resolved: Resolved | None = None
     # the command line that made this plan (results.json's ``command``): a worker's own
     # argv is only ``.../ddl/worker/__main__.py RUN_DIR``
     command: list[str] = Field(default_factory=list)
@@ -146,13 +166,28 @@ def make_plan(built: Built, env: Mapping[str, str] = os.environ,
     else:  # every task of the job must arrive at the same name: the job's id
         job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID", "job")
         run_dir = runs / rundir.name(config.plugin, config.strategy, job)
-    config = config.model_copy(update={"run_dir": Path(run_dir).resolve(),
-                                       "data_dir": Path(config.data_dir or "data").resolve(),
-                                       "nproc": nproc})
+    config = config.model_copy(update={
+        "run_dir": absolute(Path(run_dir), "--run-dir"),
+        "data_dir": absolute(Path(config.data_dir or "data"), "--data-dir"), "nproc": nproc})
     return RunPlan(config=config, site=site, site_note=built.site_note, launcher=launcher,
                    nproc_per_node=nproc, nnodes=nnodes, world_size=world_size,
                    loader_workers=loader_workers(config.workers, launcher, nproc, env),
                    data_dir_is_default=built.data_dir_is_default, command=list(sys.argv))
+
+
+def absolute(path: Path, flag: str) -> Path:
+    """``path`` resolved; a symlink loop on the way (or a path the system refuses) is one
+    line naming the flag, not pathlib's traceback."""
+    try:
+        resolved = path.resolve()
+        os.stat(resolved)  # a loop that Python 3.13's resolve() leaves in place
+    except FileNotFoundError:
+        pass  # not there yet: a new run directory
+    except (OSError, RuntimeError) as exc:  # RuntimeError: Python < 3.13's symlink loop
+        why = getattr(exc, "strerror", None) or "a symlink loop"
+        raise UsageError(f"{flag}: cannot resolve {path}: {why}; allowed: a path to a "
+                         "directory (no symlink loop, no file on the way)") from None
+    return resolved
 
 
 def write(plan: RunPlan) -> Path:

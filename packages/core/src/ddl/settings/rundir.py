@@ -80,16 +80,35 @@ def create(run_dir: Path, resume: str = "none") -> Path:
                 raise UsageError(f"--resume auto: the run in {run_dir} has already finished "
                                  f"({RESULTS} exists); nothing to resume")
             lock(run_dir)
+            _writable(run_dir)
             return run_dir  # an interrupted run: the trainer continues it
         if any((run_dir / name).exists() for name in (RESULTS, MODEL)) or _trained(run_dir):
             raise UsageError(f"--run-dir: {run_dir} already holds a run; choose a new "
                              "directory (nothing there was changed)")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock(run_dir)
     except OSError as exc:
         raise UsageError(f"--run-dir: cannot create {run_dir}: {exc.strerror}") from None
+    lock(run_dir)
+    _writable(run_dir)
     return run_dir
+
+
+def _writable(run_dir: Path) -> None:
+    """Create and remove a file in ``run_dir``: a directory made read-only whose ``.lock``
+    is still writable (``chmod a-w`` on a run to resume) is refused here, as bad input,
+    not by the first file the run writes (exit 1)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=run_dir, prefix=".probe-")
+    except OSError as exc:
+        raise _unwritable(run_dir, exc) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _unwritable(run_dir: Path, exc: OSError) -> UsageError:
+    return UsageError(f"--run-dir: cannot write in {run_dir}: {exc.strerror}; give a "
+                      "writable directory")
 
 
 def _trained(run_dir: Path) -> bool:
@@ -116,8 +135,7 @@ def lock(run_dir: Path) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:  # a read-only directory (or file system), no permission
-        raise UsageError(f"--run-dir: cannot write in {run_dir}: {exc.strerror}; give a "
-                         "writable directory") from None
+        raise _unwritable(run_dir, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -13,24 +13,30 @@ resumes from (``purge_step``). Read them with ``tensorboard --logdir RUN_DIR/ten
 
 torch.utils.tensorboard needs the ``tensorboard`` package (``pip install 'ddl[tensorboard]'``;
 the development venv has it); without it the run says so in one line and writes no event
-files. A write that fails later
-(a full disk) says so once and stops the event files, not the run.
+files. A write that fails (a full disk) says so once and stops the event files, not the
+run. TensorBoard writes in a thread of its own, which hands its error to the next call of
+the writer; the thread's own traceback (threading's excepthook) is kept off the terminal.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ddl.settings import rundir
 
+#: Errors that ended a TensorBoard writer thread, oldest first (see _quiet_writer_threads).
+_thread_errors: list[BaseException] = []
+
 
 class Board:
     """Rank 0's SummaryWriter, made harmless: every call after a failure does nothing."""
 
-    def __init__(self, writer, say: Callable[[str], None]) -> None:
+    def __init__(self, writer, say: Callable[[str], None], seen: int = 0) -> None:
         self.writer, self.say = writer, say
+        self.seen = seen  # writer-thread errors from before this board: not its own
 
     def step_loss(self, step: int, value: float) -> None:
         self._log({"train/step_loss": value}, step)
@@ -45,9 +51,12 @@ class Board:
         self._log(values, step, flush=True)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self._call(self.writer.close)
+        """Flush and close; a thread error nothing has reported yet (the last events'
+        write failed after the last call) is said here."""
+        if self.writer is not None and self._call(self.writer.close):
             self.writer = None
+            if len(_thread_errors) > self.seen:
+                self._fail(_thread_errors[-1])
 
     def _log(self, values: dict[str, Any], step: int, flush: bool = False) -> None:
         if self.writer is None:
@@ -65,10 +74,32 @@ class Board:
             method(*args)
             return True
         except Exception as exc:  # noqa: BLE001 - e.g. a full disk: the run goes on
-            self.writer = None
-            self.say(f"ddl: tensorboard: cannot write event files ({type(exc).__name__}: "
-                     f"{exc}); no more event files in this run")
+            self._fail(exc)
             return False
+
+    def _fail(self, exc: BaseException) -> None:
+        self.writer = None
+        self.say(f"ddl: tensorboard: cannot write event files ({type(exc).__name__}: "
+                 f"{exc}); no more event files in this run")
+
+
+def _quiet_writer_threads() -> None:
+    """Keep the traceback of a TensorBoard writer thread that failed (a full disk) off
+    stderr: TensorBoard raises the same error again in the next call of the writer, where
+    :class:`Board` says it in one line. Other threads' errors go to the hook as before."""
+    previous = threading.excepthook
+    if getattr(previous, "ddl_tensorboard", False):
+        return  # already installed in this process
+
+    def hook(args) -> None:
+        if type(args.thread).__module__.startswith("tensorboard.") and isinstance(
+                args.exc_value, Exception):
+            _thread_errors.append(args.exc_value)
+            return
+        previous(args)
+
+    hook.ddl_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def open_board(run_dir: Path, is_main: bool, purge_step: int,
@@ -83,10 +114,12 @@ def open_board(run_dir: Path, is_main: bool, purge_step: int,
         say("ddl: tensorboard not installed; no event files" if missing else
             f"ddl: tensorboard unusable ({exc}); no event files")
         return None
+    _quiet_writer_threads()  # before the writer starts its thread
+    seen = len(_thread_errors)
     try:
         writer = SummaryWriter(log_dir=str(run_dir / rundir.TENSORBOARD),
                                purge_step=purge_step or None)
     except Exception as exc:  # noqa: BLE001 - a directory it cannot create: not fatal
         say(f"ddl: tensorboard: cannot write event files ({exc}); no event files")
         return None
-    return Board(writer, say)
+    return Board(writer, say, seen)
