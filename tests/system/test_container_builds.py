@@ -54,7 +54,8 @@ def test_failed_post_names_the_section_and_the_cause(runtime_env, tmp_path):
     one line says which command, at which line of the definition."""
     definition = tmp_path / "x.def"
     definition.write_text(f"Bootstrap: localimage\nFrom: {BASE}\n\n%post\n    set -eu\n"
-                          "    echo preparing\n    nosuchcommand --flag\n    echo never\n")
+                          "    echo preparing\n    nosuchcommand --flag\n    echo never\n"
+                          "\n%runscript\n    exec ddl \"$@\"\n")
     proc = run_ddl("container", "build", "--def", str(definition), "--wheelhouse",
                    str(tmp_path), "--no-compress", "--output", str(tmp_path / "x.sif"),
                    cwd=tmp_path, env=runtime_env, timeout=600)

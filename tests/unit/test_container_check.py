@@ -105,9 +105,29 @@ def test_build_arguments_fill_templates_and_switch_the_base(tmp_path):
 def test_files_from_another_stage_are_not_looked_for_here(tmp_path):
     two_stages = ("Bootstrap: docker\nFrom: golang\nStage: build\n%post\n    true\n\n"
                   "Bootstrap: docker\nFrom: debian:12\nStage: final\n"
-                  "%files from build\n    /root/app /usr/local/bin/app\n")
+                  "%files from build\n    /root/app /usr/local/bin/app\n"
+                  "%runscript\n    exec app\n")
     stages = check(_write(tmp_path, two_stages))
     assert len(stages) == 2 and stages[1].header["stage"][1] == "final"
+
+
+@pytest.mark.parametrize("runscript, where", [
+    ("", ""),  # none at all
+    ("%runscript\n    # only a comment\n\n", ":5"),
+])
+def test_a_definition_whose_image_runs_nothing_fails_check(tmp_path, runscript, where):
+    """Without a %runscript, `apptainer run IMAGE train` ran nothing and exited 0, as if
+    it had trained (issue 42). The image is the last stage: a runscript in an earlier one
+    does not count."""
+    first = "Bootstrap: docker\nFrom: golang\nStage: build\n%runscript\n    exec ddl\n\n"
+    text = "Bootstrap: docker\nFrom: debian:12\n%post\n    true\n" + runscript
+    for definition in (_write(tmp_path, text), _write(tmp_path, first + text)):
+        offset = f":{int(where[1:]) + 6}" if where and definition.read_text() != text else where
+        proc = run_ddl("container", "check", "--def", str(definition),
+                       "--wheelhouse", str(tmp_path))
+        assert_one_line_error(proc, f"{definition}{offset}: {'empty' if where else 'no'} "
+                              "%runscript: `apptainer run IMAGE train` would run nothing",
+                              'exec ddl "$@"')
 
 
 def test_cli_check_reports_one_line_and_exit_2(tmp_path):

@@ -12,7 +12,9 @@ needs one); header keys are known; section names are known; app sections name an
 every ``{{ NAME }}`` has a value; a ``localimage`` base and ``%files`` sources exist on
 this machine; every script section parses as shell (``sh -n``, or the interpreter a
 ``%post -c /bin/bash`` names), so a syntax error is found in a second rather than after
-the minutes a build spends before it reaches that line.
+the minutes a build spends before it reaches that line; the image's stage has a
+``%runscript`` that runs something: without one, ``apptainer run IMAGE train`` runs nothing
+and exits 0, so a run that never trained would look like a success.
 """
 
 from __future__ import annotations
@@ -117,7 +119,19 @@ def check(path: Path, build_args: dict[str, str] | None = None) -> list[Definiti
     values.update(build_args or {})
     for d in stages:
         _check_stage(d, values)
+    _check_runscript(stages[-1])  # the last stage is the image
     return stages
+
+
+def _check_runscript(d: Definition) -> None:
+    runscripts = [number for number, name, _ in d.sections if name == "runscript"]
+    commands = [line for number in runscripts for line in d.bodies[number]
+                if line.strip() and not line.strip().startswith("#")]
+    if not commands:
+        where = f"{d.path}:{runscripts[-1]}" if runscripts else str(d.path)
+        raise UsageError(f"{where}: {'empty' if runscripts else 'no'} %runscript: "
+                         "`apptainer run IMAGE train` would run nothing and exit 0; add "
+                         "'%runscript' with the line '    exec ddl \"$@\"'")
 
 
 def _check_stage(d: Definition, values: dict[str, str]) -> None:
