@@ -285,3 +285,38 @@ def test_failure_reason_names_the_section_and_the_cause(tmp_path):
     assert reason.startswith("in %post: Cannot install accelerate and torch==1.0")
     assert reason.endswith("The conflict: The user requested (constraint) torch==1.0; "
                            "accelerate 1.15.0 depends on torch>=2.0.0")
+
+
+@pytest.mark.parametrize("agent, ref, registry", [
+    ("docker", "python:3.11-slim-bookworm", ("registry-1.docker.io", 443)),
+    ("docker", "nvcr.io/nvidia/pytorch:25.09-py3", ("nvcr.io", 443)),
+    ("docker", "localhost:5000/ddl:1", ("localhost", 5000)),
+    ("docker", "library/debian:12", ("registry-1.docker.io", 443)),
+    ("localimage", "/appl/x.sif", None),
+    ("oras", "ghcr.io/org/ddl:1", ("ghcr.io", 443)),
+])
+def test_the_registry_a_base_pulls_from(agent, ref, registry):
+    from ddl.launch.container_offline import registry_of
+
+    assert registry_of(agent, ref) == registry
+
+
+def test_an_unreachable_registry_gives_the_offline_route_before_building(tmp_path,
+                                                                           wheelhouse):
+    """No network: the runtime would fail deep in its pull; ddl names the offline route in
+    one line and starts no build. Port 9 of this machine refuses (nothing listens), which
+    is what a registry without network looks like to the probe, on any machine."""
+    env = _path_with(tmp_path, "apptainer")
+    started = tmp_path / "build-started"
+    (tmp_path / "bin" / "apptainer").write_text(
+        f"#!/bin/sh\n[ \"$1\" = build ] && touch {started}\necho 'apptainer version 1.4.5'\n")
+    proc = run_ddl("container", "build", "--target", "cpu", "--wheelhouse", str(wheelhouse),
+                   "--base", "docker://127.0.0.1:9/python:3.11", "--output",
+                   str(tmp_path / "out.sif"), env={**env, "HTTPS_PROXY": ""})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    for needle in ("the base docker://127.0.0.1:9/python:3.11 needs 127.0.0.1:9, which "
+                   "cannot be reached", "scripts/build-wheelhouse.sh --cpu-torch --offline "
+                   "wheelhouse", "ddl container build --offline", "--base BASE"):
+        assert needle in lines[0], lines[0]
+    assert not started.exists()

@@ -34,6 +34,9 @@ def cmd_container(ns: argparse.Namespace) -> int:
     if ns.dry_run:
         print(shlex.join(command))
         return 0
+    from ddl.launch.container_offline import require_registries
+
+    require_registries(definition, container.build_arguments(request))
     container.run_build(command, definition)
     name = Path(command[0]).name
     print(f"ddl: built {request.output}; try `{name} run {request.output} --help` and "
