@@ -122,7 +122,8 @@ def scratch(tmp_path_factory) -> Path:
 PLUGINS = Plugins()
 NAMES = sorted({*PLUGINS.workloads(), *PLUGINS.strategies(), *known_sites(PLUGINS)})
 GOOD = st.sampled_from([*NAMES, "auto", "none", "tiny", "course", "cpu", "cuda", "linear",
-                        "fp32", "bf16", "list", "show", "dp=2,tp=2", "dp=0", "k=v", "=v",
+                        "fp32", "bf16", "list", "show", "dp=2,tp=2", "dp=0", "dp=2,dp=4",
+                        "k=v", "=v",
                         "01:00:00", "1-00", "99:99", "1", "0", "-1", "2", "0.5", ""])
 NUMBERS = st.one_of(st.integers(-10**30, 10**30).map(str),
                     st.floats(allow_nan=True, allow_infinity=True).map(repr))
@@ -192,12 +193,32 @@ def _values_for(action: argparse.Action) -> st.SearchStrategy[str]:
     elif action.choices:
         fitting = st.sampled_from(sorted(action.choices))
     elif action.type is int:
-        fitting = st.one_of(st.integers(1, 8), st.integers(-10**30, 10**30)).map(str)
+        fitting = st.one_of(st.integers(1, 8), st.integers(-10**30, 10**30),
+                            st.sampled_from(_edges(action.dest))).map(str)
     elif action.type is float:
-        fitting = st.one_of(st.sampled_from(["1", "0.5", "300"]), NUMBERS)
+        fitting = st.one_of(st.sampled_from(["1", "0.5", "300", "0.001", "1e308"]), NUMBERS,
+                            st.sampled_from(_edges(action.dest)).map(str))
     else:
         fitting = GOOD
     return st.one_of(fitting, fitting, fitting, VALUE)
+
+
+def _bounds(name: str) -> tuple[float | None, float | None]:
+    """(lowest, highest) a RunConfig number may be, from its Field's ge/gt and le/lt."""
+    low = high = None
+    for rule in getattr(RunConfig.model_fields.get(name), "metadata", []):
+        low = next((getattr(rule, k) for k in ("ge", "gt") if hasattr(rule, k)), low)
+        high = next((getattr(rule, k) for k in ("le", "lt") if hasattr(rule, k)), high)
+    return low, high
+
+
+def _edges(name: str) -> list:
+    """A number flag's bounds and the values just past them."""
+    edges = []
+    for bound, step in zip(_bounds(name), (-1, 1)):
+        if bound is not None:
+            edges += [bound, bound + step, bound * 2 + step]
+    return edges or [0, -1]
 
 
 def tokens(command: str) -> st.SearchStrategy[list[str]]:
@@ -247,6 +268,15 @@ def _help_asked(args: list[str]) -> bool:
 @example(args=["--rendezvous-timeout", "inf"], config=b"")
 @example(args=["--run-dir", "\udcff"], config=b"")
 @example(args=["--config", CONFIG], config=b'seed = "\xff"\n')
+# issue 43's shapes: an empty run dir, a hang timeout too short to work, a warm-up too long
+# to count, duplicate mesh names, a boolean for a number
+@example(args=["--run-dir", ""], config=b"")
+@example(args=["--run-dir="], config=b"")
+@example(args=["--config", CONFIG], config=b'run_dir = ""\n')
+@example(args=["--hang-timeout", "0.001"], config=b"")
+@example(args=["--warmup-epochs", "1e308"], config=b"")
+@example(args=["--mesh", "dp=2,dp=4"], config=b"")
+@example(args=["--config", CONFIG], config=b"epochs = true\n")
 def test_train_arguments(scratch, args, config):
     # A --data-dir that does not exist keeps the best case at the preflight (exit 2).
     argv = ["train", *args, "--data-dir", str(scratch / "no-such-dir"), "--nproc", "1"]
@@ -295,13 +325,39 @@ def test_text_that_cannot_be_printed_is_rejected(argv):
 
 
 @pytest.mark.parametrize("flag, value", [("--lr", "inf"), ("--warmup-epochs", "inf"),
-                                         ("--seed", str(2**64)), ("--rendezvous-timeout", "inf")])
+                                         ("--seed", str(2**64)), ("--rendezvous-timeout", "inf"),
+                                         # issue 43
+                                         ("--run-dir", ""), ("--hang-timeout", "0.001"),
+                                         ("--warmup-epochs", "1e308"), ("--lr", "1e308"),
+                                         ("--clip-grad-norm", "1e308"),
+                                         ("--mesh", "dp=2,dp=4")])
 def test_values_workers_could_not_use_are_rejected(scratch, flag, value):
     """Found reading the generated cases: these passed the preflight and would fail (or
     diverge) only in the workers."""
     outcome = run(["train", flag, value, "--nproc", "1", "--data-dir", str(scratch / "none")])
     assert_clean(outcome)
     assert outcome.code == 2 and flag in outcome.stderr, outcome
+
+
+NUMBER_FLAGS = sorted(a.dest for a in _options("train") if a.type in (int, float))
+
+
+def test_every_number_flag_has_a_range():
+    """Issue 43: each number a run takes has a lowest and a highest value (docs/
+    getting-started.md), so that none passes the pre-flight and fails in the workers."""
+    assert NUMBER_FLAGS and "hang_timeout" in NUMBER_FLAGS
+    unbounded = [name for name in NUMBER_FLAGS if None in _bounds(name)]
+    assert not unbounded, f"number flags without a lowest and highest value: {unbounded}"
+
+
+@pytest.mark.parametrize("name", NUMBER_FLAGS)
+def test_a_number_past_its_range_is_refused_by_the_preflight(scratch, name):
+    high = _bounds(name)[1]
+    flag = "--" + name.replace("_", "-")
+    outcome = run(["train", "--nproc", "1", "--data-dir", str(scratch / "none"),
+                   flag, str(high + 1)])  # last: it wins over the --nproc 1
+    assert_clean(outcome)
+    assert outcome.code == 2 and f"error: {flag}: " in outcome.stderr, outcome
 
 
 def test_negative_gpus_per_node_is_rejected():

@@ -139,7 +139,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                         "fails naming the address and the ranks that arrived (default: 300)")
     p.add_argument("--hang-timeout", type=float, default=S, metavar="SECONDS",
                    help="a rank without a heartbeat this long counts as hung: the run ends "
-                        "with one line naming it (default: 120; 0 = off)")
+                        "with one line naming it (default: 120; 0 = off, else at "
+                        "least 1)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=S,
                    help="default: auto (the site's accelerator)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=S,
