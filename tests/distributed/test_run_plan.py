@@ -10,6 +10,10 @@ per call, with the process id, to a log file. Nothing in ddl knows it is watched
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +26,8 @@ pytestmark = pytest.mark.distributed
 WATCHER = '''
 import functools, json, os
 
+import ddl.contract.strategy as strategy
+import ddl.settings.config as config
 import ddl.settings.plan as plan
 import ddl.settings.rundir as rundir
 import ddl.settings.sites as sites
@@ -44,7 +50,15 @@ def watch(module, name, describe):
 watch(sites, "load_profile", lambda path: str(path))
 watch(rundir, "name", lambda plugin, strategy, tag: f"{plugin}-{strategy}")
 watch(plan, "choose_launcher", lambda requested, site, env=None: requested)
+# what the pre-flight works out and the workers read from the plan (issue 40, item 1)
+watch(config, "resolve_preset", lambda config, spec: spec.name)
+watch(config, "resolve_batch", lambda config, batch, dp: f"dp {dp}")
+watch(config, "scaled_lr", lambda config, lr, glob, batch: f"global {glob}")
+watch(strategy.Strategy, "resolve_layout", lambda self, mesh, world: f"world {world}")
 '''
+
+
+RESOLVED = {"resolve_preset": 1, "resolve_batch": 1, "scaled_lr": 1, "resolve_layout": 1}
 
 
 def _decisions(log: Path) -> list[tuple[int, str, str]]:
@@ -67,7 +81,7 @@ def test_each_decision_is_made_once_per_train(tmp_path, synthetic_mnist):
 
     calls = _decisions(log)
     by_kind = Counter(kind for _, kind, _ in calls)
-    assert by_kind == {"load_profile": 1, "name": 1, "choose_launcher": 1}, calls
+    assert by_kind == {"load_profile": 1, "name": 1, "choose_launcher": 1, **RESOLVED}, calls
     assert calls[0][2].endswith("local.toml")
     assert len({pid for pid, _, _ in calls}) == 1  # all in `ddl train`, none in a worker
     assert json.loads((runs[0] / "results.json").read_text())["world"]["size"] == 2
@@ -89,3 +103,43 @@ def test_auto_detection_reads_each_profile_once(monkeypatch):
     built = config.build({"site": "auto"})
     assert seen and len(seen) == len(set(seen)), seen
     assert f"{built.site.name}.toml" in seen
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_each_rank_started_by_a_launcher_decides_once(tmp_path, synthetic_mnist):
+    """Two ranks started as torchrun or srun start them (each a `ddl train` of its own,
+    RANK/WORLD_SIZE/MASTER_ADDR set): each runs the pre-flight and its worker in one
+    process, and each of those decides once; the worker reads the pre-flight's results."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(WATCHER)
+    log = tmp_path / "decisions.jsonl"
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCHELASTIC_", "SLURM_", "DDL_"))}
+    env.update(PYTHONPATH=str(hooks), DDL_TEST_DECISION_LOG=str(log), WORLD_SIZE="2",
+               LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1")
+    ddl = Path(sys.executable).with_name("ddl")
+    procs = [subprocess.Popen(
+        [str(ddl), "train", "--site", "local", "--epochs", "1", "--steps-per-epoch", "2",
+         "--global-batch-size", "32", "--batch-size", "8", "--data-dir",
+         str(synthetic_mnist), "--run-dir", str(tmp_path / "run")],
+        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
+    outs = [proc.communicate(timeout=300) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    calls = _decisions(log)
+    pids = {pid for pid, _, _ in calls}
+    assert len(pids) == 2, calls
+    for pid in pids:  # no decision made twice in one process: the worker read the plan
+        mine = Counter(kind for p, kind, _ in calls if p == pid)
+        assert {k: mine[k] for k in RESOLVED} == RESOLVED, calls
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["batch"] == {"per_replica": 16, "global": 32, "micro": 8,
+                                "accumulation_steps": 2}

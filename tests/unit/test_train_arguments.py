@@ -42,11 +42,11 @@ def test_job_line_carries_the_config_file_and_flags(command, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run.toml").write_text('plugin = "mnist"\n')
     code = main([command, "--site", "juwels-booster", "--nodes", "1", "--dry-run",
-                 "--account", "proj", "--config", "run.toml", "--mesh", "dp=1",
-                 "--strategy-option", "a=1", "--output-dir" if command == "submit"
+                 "--account", "proj", "--config", "run.toml", "--mesh", "dp=4",
+                 "--strategy-option", "bucket_cap_mb=9", "--output-dir" if command == "submit"
                  else "--output", str(tmp_path / "out")])
     assert code == 0
     script = capsys.readouterr().out
     job_line = next(line for line in script.splitlines() if "--config=" in line)
     assert f"--config={tmp_path / 'run.toml'}" in job_line
-    assert "--mesh=dp=1" in job_line and "--strategy-option=a=1" in job_line
+    assert "--mesh=dp=4" in job_line and "--strategy-option=bucket_cap_mb=9" in job_line

@@ -34,7 +34,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
         if plan.nproc_per_node > 1:
             local.one_thread_per_rank()  # before the pre-flight imports torch
-        _preflight(plan, plugins, may_generate_data=plan.data_dir_is_default)
+        plan = _preflight(plan, plugins, may_generate_data=plan.data_dir_is_default)
         rundir.create(plan.run_dir, plan.config.resume)
         run_plan.write(plan)
         code = local.launch_local(plan.run_dir, plan.nproc_per_node, plan.config.max_restarts,
@@ -54,13 +54,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
             from ddl.launch.slurm import srun_worker_env
 
             os.environ.update(srun_worker_env(plan.site))
-        _preflight(plan, plugins, may_generate_data=False)
+        plan = _preflight(plan, plugins, may_generate_data=False)
         worker.run(plan, create_run_dir=True)
         worker.exit_now(0)  # skip interpreter teardown (see worker.exit_now)
 
     from ddl.launch.slurm import exec_node_launcher, node_launcher_command
 
-    _preflight(plan, plugins, may_generate_data=False)
+    plan = _preflight(plan, plugins, may_generate_data=False)
     command = node_launcher_command(plan.launcher, plan.site, plan.nproc_per_node,
                                     max_restarts=plan.config.max_restarts,
                                     rendezvous_timeout=plan.config.rendezvous_timeout)
@@ -75,9 +75,11 @@ def _results_kept(run_dir: Path) -> None:
     container_inside.check_kept(run_dir, "--run-dir", container_inside.detect())
 
 
-def _preflight(plan, plugins, may_generate_data: bool) -> None:
+def _preflight(plan, plugins, may_generate_data: bool):
     """Everything that can be checked before workers start, so mistakes cost seconds and
-    give one line instead of N ranks' worth of errors."""
+    give one line instead of N ranks' worth of errors. Returns the plan with what the
+    checks worked out (preset, layout, batch split, lr, precision: ``plan.resolved``), so
+    the workers read it instead of working it out again."""
     from ddl.launch.environment import check_strategy_torch, installed_torch
 
     config, site = plan.config, plan.site
@@ -113,6 +115,11 @@ def _preflight(plan, plugins, may_generate_data: bool) -> None:
     from ddl.worker.setup import check_model_fits
 
     check_model_fits(strategy, context, layout, data_dir)
+    from ddl.worker.precision import resolve as resolve_precision
+    from ddl.worker.setup import resolved_of
+
+    precision = resolve_precision(config.precision, stand_in.device)
+    return plan.model_copy(update={"resolved": resolved_of(layout, context, precision)})
 
 
 def _data_ready(workload, data_dir: Path, config, site: str, may_generate_data: bool) -> None:

@@ -235,16 +235,22 @@ def check_names(config: RunConfig, plugins) -> None:
     (measured: 0.2 s against 2.5 s) and says the same one line."""
     workload = plugins.workload(config.plugin)
     plugins.strategy(config.strategy)
-    resolve_preset(config, workload)
+    preset_name(config, workload)
 
 
-def resolve_preset(config: RunConfig, spec) -> tuple[str, Any]:
-    """(name, Preset) of the workload preset the run uses: the one asked for, else the
-    workload's default (the course's)."""
+def preset_name(config: RunConfig, spec) -> str:
+    """The name of the workload preset the run uses: the one asked for, else the
+    workload's default (the course's); an unknown one is one line."""
     name = config.preset or spec.default_preset
     if name not in spec.presets:
         raise UsageError(f"--preset: {config.plugin} has no preset {name!r}; allowed: "
                          f"{', '.join(spec.presets)}")
+    return name
+
+
+def resolve_preset(config: RunConfig, spec) -> tuple[str, Any]:
+    """(name, Preset) of the workload preset the run uses (:func:`preset_name`)."""
+    name = preset_name(config, spec)
     return name, spec.presets[name]
 
 

@@ -33,6 +33,24 @@ PLAN_ENV = "DDL_RUN_PLAN"
 MAX_LOADER_WORKERS = 8
 
 
+class Resolved(BaseModel):
+    """What the pre-flight worked out from the flags, the preset and the layout, for the
+    workers to read instead of working it out again: one rule, applied once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str  # the workload preset's name (its values come with the workload's spec)
+    degrees: dict[str, int]  # the parallel layout: pp, dp_replicate, dp_shard, tp
+    batch_per_replica: int  # samples per replica per optimizer step
+    global_batch: int
+    micro_batch: int  # samples per replica per forward pass
+    accumulation: int  # forward/backward passes per optimizer step
+    base_lr: float  # the preset's or --lr
+    lr: float  # after --lr-scaling
+    epochs: int
+    precision: str  # fp32, bf16 or fp16: "auto" decided for the device kind
+
+
 class RunPlan(BaseModel):
     """One run, fully decided. ``config.run_dir`` and ``config.data_dir`` are absolute."""
 
@@ -47,6 +65,8 @@ class RunPlan(BaseModel):
     world_size: int
     loader_workers: int  # DataLoader processes per rank
     data_dir_is_default: bool  # only then may synthetic data be generated into it
+    # the pre-flight's results (None where no pre-flight ran: the workers decide then)
+    resolved: Resolved | None = None
     # the command line that made this plan (results.json's ``command``): a worker's own
     # argv is only ``.../ddl/worker/__main__.py RUN_DIR``
     command: list[str] = Field(default_factory=list)

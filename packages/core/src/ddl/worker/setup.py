@@ -18,11 +18,13 @@ import torch
 
 from ddl.contract.context import RunContext
 from ddl.contract.errors import UsageError
+from ddl.contract.layout import ParallelLayout
 from ddl.contract.plugins import Plugins
 from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
+from ddl.settings.plan import Resolved
 from ddl.worker import (activation_checkpointing, build_memory, checkpoint, compiling,
                          lr_schedule, mesh, sync_bn)
 from ddl.worker.activation_memory import SavedTensorMeter
@@ -47,10 +49,11 @@ class Layout:
     steps_per_epoch: int = 0
 
 
-def build(config: RunConfig, world: World, plugins: Plugins
+def build(config: RunConfig, world: World, plugins: Plugins, resolved: Resolved | None = None
           ) -> tuple[Strategy, StrategyContext, Layout]:
     """The strategy for ``config`` and what its calls need (the workload, the layout),
-    checked against each other and the world."""
+    checked against each other and the world. ``resolved``: what the pre-flight already
+    worked out (preset, degrees, batch split, lr), taken as it is; None works it out."""
     wspec = plugins.workload(config.plugin)
     sspec = plugins.strategy(config.strategy)
     if not sspec.supports(wspec):
@@ -63,24 +66,37 @@ def build(config: RunConfig, world: World, plugins: Plugins
                          f"support {sspec.name}: {', '.join(able) or 'none installed'}")
     if sspec.unavailable():
         raise UsageError(f"--strategy {sspec.name}: {sspec.unavailable()}")
-    preset_name, preset = resolve_preset(config, wspec)
+    preset_name, preset = ((resolved.preset, wspec.presets[resolved.preset]) if resolved
+                           else resolve_preset(config, wspec))
     workload: Workload = wspec.create(preset)
     strategy: Strategy = sspec.create(config.strategy_options)
-    context = StrategyContext(world=world,
-                              layout=strategy.resolve_layout(config.mesh, world.size),
+    degrees = (ParallelLayout(**resolved.degrees) if resolved
+               else strategy.resolve_layout(config.mesh, world.size))
+    if degrees.world_size != world.size:
+        raise UsageError(f"the run plan's layout {degrees.describe()} needs "
+                         f"{degrees.world_size} processes; this world has {world.size}")
+    context = StrategyContext(world=world, layout=degrees,
                               workload=workload, microbatches=config.microbatches,
                               clip_grad_norm=config.clip_grad_norm, precision=config.precision)
     sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
     _check_block_options(config, wspec, world)
     strategy.check(context)
     dp_size = context.layout.dp
-    batch = resolve_batch(config, preset.batch_size, dp_size)
-    base_lr = config.lr or preset.lr
-    layout = Layout(preset=preset_name, dp_size=dp_size, batch_per_replica=batch.per_replica,
-                    global_batch=batch.global_, micro_batch=batch.micro,
-                    accumulation=batch.accumulation, base_lr=base_lr,
-                    lr=scaled_lr(config, base_lr, batch.global_, preset.batch_size),
-                    epochs=config.epochs or preset.epochs)
+    if resolved:
+        layout = Layout(preset=preset_name, dp_size=dp_size,
+                        batch_per_replica=resolved.batch_per_replica,
+                        global_batch=resolved.global_batch, micro_batch=resolved.micro_batch,
+                        accumulation=resolved.accumulation, base_lr=resolved.base_lr,
+                        lr=resolved.lr, epochs=resolved.epochs)
+    else:
+        batch = resolve_batch(config, preset.batch_size, dp_size)
+        base_lr = config.lr or preset.lr
+        layout = Layout(preset=preset_name, dp_size=dp_size,
+                        batch_per_replica=batch.per_replica, global_batch=batch.global_,
+                        micro_batch=batch.micro, accumulation=batch.accumulation,
+                        base_lr=base_lr,
+                        lr=scaled_lr(config, base_lr, batch.global_, preset.batch_size),
+                        epochs=config.epochs or preset.epochs)
     if layout.accumulation > 1:
         strategy.check_accumulation(context, layout.accumulation)
     strategy.check_layout(context, layout)
@@ -185,10 +201,11 @@ class Run:
 
 
 def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
-           workers: int) -> Run:
+           workers: int, resolved: Resolved | None = None) -> Run:
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
-    ``workers`` is the number of DataLoader processes per rank."""
-    strategy, parallel, layout = build(config, world, plugins)
+    ``workers`` is the number of DataLoader processes per rank; ``resolved`` what the
+    pre-flight worked out (the run plan's), else None."""
+    strategy, parallel, layout = build(config, world, plugins, resolved)
     run_mesh, dp_mesh = mesh.build(parallel.layout, world)  # the one mesh, built once
     parallel = replace(parallel, mesh=run_mesh, dp_mesh=dp_mesh)
     workload = parallel.workload
@@ -221,7 +238,8 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         workload.optimizer(_optimizer_params(model, parallel, strategy), layout.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
-    precision = Precision.create(config.precision, world.device, tf32=config.tf32)
+    precision = Precision.create(resolved.precision if resolved else config.precision,
+                                 world.device, tf32=config.tf32)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
                                                                           workload))
     val_loader, test_loader = (
@@ -282,3 +300,12 @@ def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
     return lr_schedule.make(config.lr_schedule, total_steps=layout.epochs * steps,
                             steps_per_epoch=steps, warmup_steps=warmup, warmup_start=start,
                             step_factor=workload.lr_step_factor)
+
+
+def resolved_of(layout: Layout, context: StrategyContext, precision: str) -> Resolved:
+    """What :func:`build` worked out, for the run plan (the pre-flight calls it once)."""
+    return Resolved(preset=layout.preset, degrees=context.layout.degrees(),
+                    batch_per_replica=layout.batch_per_replica,
+                    global_batch=layout.global_batch, micro_batch=layout.micro_batch,
+                    accumulation=layout.accumulation, base_lr=layout.base_lr, lr=layout.lr,
+                    epochs=layout.epochs, precision=precision)

@@ -42,7 +42,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
     checkpoint then holds the state to resume from)."""
     started = time.time()
     config, run_dir = plan.config, plan.run_dir
-    run = set_up(config, world, plugins, run_dir, workers=plan.loader_workers)
+    run = set_up(config, world, plugins, run_dir, workers=plan.loader_workers,
+                 resolved=plan.resolved)
     begin = resume.start(run)  # step, epoch and batch to begin at; earlier epochs' records
 
     # stop on a signal, a stop file or a non-finite loss, checked every --check-every steps
