@@ -39,10 +39,14 @@ JSC = ["submit", "--site", "juwels-booster", "--account", "proj", "--plugin", "m
                                                       "at most 255"]),
     (["--run-dir", "{tmp}/" + "r" * 256], ["--run-dir: ", "a name of 256 bytes"]),
     (["--run-dir", "{tmp}/" + "/".join(["r" * 200] * 20)], ["--run-dir: ", "allowed: at most 3840"]),
+    # a symlink loop on the way (issue 43 item 3, for submit too): one line, not pathlib's
+    (["--run-dir", "{tmp}/loop/run"], ["--run-dir: cannot resolve", "loop"]),
+    (["--data-dir", "{tmp}/loop/data"], ["--data-dir: cannot resolve", "loop"]),
 ])
 def test_a_job_that_would_fail_in_the_queue_is_refused_before_the_script(tmp_path, args,
                                                                          needles):
     given = [a.format(tmp=tmp_path) for a in args]
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")  # for the symlink-loop rows
     proc = run_ddl(*JSC, *given, "--dry-run", cwd=tmp_path)
     assert_one_line_error(proc, *(n.format(tmp=tmp_path) for n in needles))
     assert proc.stdout == ""

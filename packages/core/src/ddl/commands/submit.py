@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ddl.commands.flags import train_arguments, train_flags
 from ddl.contract.errors import UsageError, as_one_line
+from ddl.settings.plan import absolute
 
 
 def cmd_submit(ns: argparse.Namespace) -> int:
@@ -45,7 +46,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     # The job gets the user's own flags (site, launcher, nproc, run dir are set by ddl).
     given = {"config": ns.config, **flags} if "config" in ns else flags
     forwarded = train_arguments(given, leave_out=("site", "launcher", "nproc", "run_dir"))
-    output_dir = ns.output_dir.resolve()
+    output_dir = absolute(ns.output_dir, "--output-dir")  # a symlink loop: one line
     image = _image(ns.container, ns.dry_run)
     if image is not None:
         image = image_for(site, image)
@@ -53,10 +54,11 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         nodes=ns.nodes, launcher=launcher, train_args=forwarded, plugin=config.plugin,
         strategy=config.strategy, output_dir=output_dir, account=ns.account,
         partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
-        job_name=ns.job_name, run_dir=config.run_dir.resolve() if config.run_dir else None,
+        job_name=ns.job_name,
+        run_dir=absolute(config.run_dir, "--run-dir") if config.run_dir else None,
         ddl_command=ns.ddl_command or _this_ddl(), container=image,
         extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin, setup=ns.setup,
-        data_dir=Path(config.data_dir).resolve() if config.data_dir else None)
+        data_dir=absolute(Path(config.data_dir), "--data-dir") if config.data_dir else None)
     script = render(site, request)
     check_syntax(script, site)
     if image is not None:  # the slow part (the runtime reads the image) comes last

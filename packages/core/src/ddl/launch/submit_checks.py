@@ -14,6 +14,7 @@ from pathlib import Path
 from ddl.contract.errors import UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, resolve
 from ddl.settings.config import RunConfig, check_names
+from ddl.settings.plan import absolute
 from ddl.settings.sites import SiteProfile
 
 NAME_MAX = 255  # bytes in one file name (Linux)
@@ -99,8 +100,8 @@ def _mesh(config: RunConfig, world: int) -> None:
 
 def _path_here(path: Path, flag: str, allowed: str) -> None:
     """A path the job will read must exist, when its file system is on this machine."""
-    absolute = path.resolve()
-    top = Path(*absolute.parts[:2])
-    if absolute.exists() or not top.exists():
+    where = absolute(path, f"--{flag.lstrip('-')}")  # a symlink loop: one line
+    top = Path(*where.parts[:2])
+    if where.exists() or not top.exists():
         return
-    raise UsageError(f"--{flag.lstrip('-')}: {absolute} does not exist; {allowed}")
+    raise UsageError(f"--{flag.lstrip('-')}: {where} does not exist; {allowed}")
