@@ -36,7 +36,10 @@ _PHASES = {("ddl.worker.epoch", "train_epoch"): "a training step",
            ("ddl.worker.setup", "build"): "set-up",
            ("ddl.worker.setup", "set_up"): "set-up",
            ("ddl.worker.resume", "start"): "the resume",
-           ("ddl.worker.checkpoint", "save"): "a checkpoint"}
+           ("ddl.worker.checkpoint", "save"): "a checkpoint",
+           # --async-checkpoint: the save, and a write error raised when it is waited for
+           ("ddl.worker.checkpoint_writer", "save"): "a checkpoint",
+           ("ddl.worker.checkpoint_writer", "wait"): "a checkpoint"}
 # the split an evaluation loader serves, by phase (ddl.worker.samples.UNNAMED)
 _EVAL_SPLIT = {"validation": "val", "the test": "test"}
 
