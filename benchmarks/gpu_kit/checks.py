@@ -83,6 +83,13 @@ def plan(gpu: bool, rounds: int | None = None) -> list[Check]:
         *peer_rounds(gpu, PEER_ROUNDS[gpu] if rounds is None else rounds, course),
         *throughput_checks(gpu),
         *sync_checks(gpu),
+        # issue 40: a model far larger than the course's under FSDP on one GPU: what
+        # building it costs (memory_per_rank[].build_peak_bytes) and its MFU
+        Check("t5large-fsdp-bf16", "train", 150, "xsum",
+              ["--preset", "t5-large", "--steps-per-epoch", "10", "--workers", "4"], "bf16",
+              "fsdp", data="xsum-bench",
+              cpu_skip="t5-large (0.7B parameters) is a GPU check; on a CPU: "
+                       "docs/workloads/xsum.md"),
     ]
     for check in checks:
         if (not gpu and check.cpu_skip is None and check.name not in CPU_SUBSET
@@ -195,6 +202,8 @@ def evaluate_train(check: Check, results_file: Path, *, gpu: bool, matmul_peak: 
     }
     breakdown = r.get("step_breakdown") or {}
     per_step = breakdown.get("per_step") or {}
+    numbers["build_peak_bytes"] = mem.get("build_peak_bytes")
+    numbers["parameters"] = r.get("parameters")
     numbers.update({"ddl_share": breakdown.get("ddl_share"),
                     "strategy_per_step_s": per_step.get("strategy_s"),
                     "ddl_per_step_s": per_step.get("ddl_s"),
