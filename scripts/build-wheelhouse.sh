@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# build-wheelhouse.sh [--torch] [--offline] DIR — the wheels a container build installs.
+# build-wheelhouse.sh [--torch | --cpu-torch] [--offline] DIR — the wheels a container build
+# installs. The CPU image's offline wheelhouse in one line: --cpu-torch --offline DIR.
 #
 # Always: a fresh wheel of the core and of every plugin (pip wheel --no-deps), so the image
 # needs no checkout. Old ddl wheels in DIR are removed first; other wheels are kept, so a
 # second run only rebuilds ddl's own.
 #   --torch    also copy torch and torchvision at the versions of requirements.lock
-#              (--no-deps: their dependencies still come from the index). For the CPU image.
+#              (--no-deps: their dependencies still come from the index). PyPI's torch is
+#              the CUDA build (GBs of CUDA libraries).
+#   --cpu-torch  the same pair as CPU builds, from PyTorch's CPU index only ($TORCH_INDEX,
+#              default https://download.pytorch.org/whl/cpu; empty: pip's configured
+#              sources), and fails if the torch it got is a CUDA build. $TORCH overrides
+#              the pair (e.g. TORCH="torch==2.13.0+cpu torchvision==0.28.0"). For the CPU image.
 #   --offline  also put every dependency in DIR (sdists built into wheels), so the image can
 #              be built with `ddl container build --offline` where the build host has no
 #              index. With --torch this includes torch's own dependencies (GBs for the CUDA
-#              build of torch). The versions are requirements.lock's.
+#              build of torch; none with --cpu-torch). The versions are requirements.lock's.
 # Always, too: DIR/constraints.txt, every locked package as NAME==VERSION except the torch
 # stack (torch, torchvision, triton, nvidia-*, cuda-*) that GPU images take from their base;
 # the container definitions install with `-c constraints.txt` (scripts/lock.py constraints).
@@ -23,18 +29,22 @@ for arg in "$@"; do
     case "$arg" in
         --torch) torch=1 ;;
         --offline) offline=1 ;;
-        -h|--help) sed -n '2,19s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        -*) echo "build-wheelhouse.sh: unknown option $arg; allowed: --torch, --offline" >&2; exit 2 ;;
+        --cpu-torch) torch=cpu ;;
+        -h|--help) sed -n '2,25s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -*) echo "build-wheelhouse.sh: unknown option $arg; allowed: --torch, --cpu-torch, --offline" >&2; exit 2 ;;
         *) [ -z "$dir" ] || { echo "build-wheelhouse.sh: one DIR only (got $dir and $arg)" >&2; exit 2; }
            dir="$arg" ;;
     esac
 done
-[ -n "$dir" ] || { echo "usage: build-wheelhouse.sh [--torch] [--offline] DIR" >&2; exit 2; }
+[ -n "$dir" ] || { echo "usage: build-wheelhouse.sh [--torch | --cpu-torch] [--offline] DIR" >&2; exit 2; }
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=python3
     [ -x "$ROOT/.venv/bin/python" ] && PYTHON="$ROOT/.venv/bin/python"
 fi
 pip=("$PYTHON" -m pip --disable-pip-version-check)
+# The core's extras every image installs (containers/*.def): `ddl report` draws with
+# matplotlib, and runs write TensorBoard events.
+EXTRAS="[plots,tensorboard]"
 # pip's configuration here may name local index paths that lack some projects; its
 # per-project "is ignored" warning is noise.
 exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
@@ -60,10 +70,12 @@ trap 'rm -f "$all_constraints"' EXIT
 echo "build-wheelhouse: $(wc -l < "$dir/constraints.txt") locked versions" \
      "-> $dir/constraints.txt" >&2
 
-pins=()
-if [ "$torch" = 1 ]; then
+pins=() torch_wheels=()
+if [ "$torch" != 0 ]; then
     mapfile -t pins < <(grep -E '^(torch|torchvision)==' "$all_constraints")
     [ "${#pins[@]}" = 2 ] || { echo "build-wheelhouse: torch/torchvision not found in requirements.lock" >&2; exit 1; }
+fi
+if [ "$torch" = 1 ]; then
     versions=("${pins[@]/==/-}")  # torch==2.14.1 -> torch-2.14.1, as in the file names
     if ls "$dir/${versions[0]}"-*.whl "$dir/${versions[1]}"-*.whl >/dev/null 2>&1; then
         echo "build-wheelhouse: ${pins[*]} already in $dir" >&2
@@ -71,13 +83,35 @@ if [ "$torch" = 1 ]; then
         echo "build-wheelhouse: ${pins[*]} -> $dir" >&2
         "${pip[@]}" download --quiet --no-deps --dest "$dir" "${pins[@]}"
     fi
+elif [ "$torch" = cpu ]; then
+    [ -z "${TORCH:-}" ] || read -ra pins <<< "$TORCH"
+    index=()  # --index-url, not --extra-: an unreachable CPU index must not mean PyPI's CUDA torch
+    [ -z "${TORCH_INDEX-https://download.pytorch.org/whl/cpu}" ] ||
+        index=(--index-url "${TORCH_INDEX-https://download.pytorch.org/whl/cpu}")
+    echo "build-wheelhouse: ${pins[*]} (CPU builds) -> $dir" >&2
+    got="$(mktemp -d)"
+    trap 'rm -rf "$all_constraints" "$got"' EXIT
+    "${pip[@]}" download --quiet --no-deps "${index[@]}" --dest "$got" "${pins[@]}"
+    # A CUDA build of torch requires nvidia-* distributions (Linux); a CPU build none.
+    "$PYTHON" - "$got"/torch-*.whl <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+cuda = [l for l in meta.decode().splitlines() if l.startswith("Requires-Dist: nvidia-")]
+if cuda:
+    sys.exit(f"build-wheelhouse: {sys.argv[1].rsplit('/', 1)[-1]} is a CUDA build of torch "
+             f"({cuda[0].split(': ', 1)[1].split(';')[0].strip()} ...), not a CPU build; "
+             "is the CPU index reachable? (TORCH_INDEX, TORCH)")
+PY
+    for wheel in "$got"/*.whl; do torch_wheels+=("$dir/${wheel##*/}"); done
+    mv "$got"/*.whl "$dir"/
 fi
 
 # What the dependencies depend on: the pins, the lock and ddl's declared requirements.
 # Resolving them again takes about a minute even when every wheel is already here, so a
 # stamp named after them marks a complete set.
 requirements_stamp() {
-    "$PYTHON" - "$dir" "$all_constraints" "${pins[@]}" <<'PY'
+    "$PYTHON" - "$dir" "$all_constraints" "$torch" "$EXTRAS" "${pins[@]}" <<'PY'
 import hashlib, pathlib, sys, zipfile
 h = hashlib.sha256(" ".join(sys.argv[3:]).encode())
 h.update(pathlib.Path(sys.argv[2]).read_bytes())
@@ -95,10 +129,19 @@ if [ "$offline" = 1 ]; then
         echo "build-wheelhouse: dependencies already complete in $dir" >&2
     else
         # What the images install (containers/*.def), with every dependency as a wheel.
-        wanted=("$dir"/ddl-*.whl "$dir"/ddl_*.whl torchrun-jsc accelerate "${pins[@]}")
+        core=("$dir"/ddl-*.whl)
+        wanted=("${core[0]}$EXTRAS" "$dir"/ddl_*.whl torchrun-jsc accelerate)
+        constraints="$all_constraints"
+        if [ "$torch" = cpu ]; then
+            # The CPU pair's own files (a +cpu version, or $TORCH's) against the lock
+            # without its torch stack: the lock's torch is PyPI's CUDA build.
+            wanted+=("${torch_wheels[@]}") constraints="$dir/constraints.txt"
+        else
+            wanted+=("${pins[@]}")
+        fi
         echo "build-wheelhouse: all dependencies -> $dir (offline builds)" >&2
         "${pip[@]}" wheel --quiet --wheel-dir "$dir" --find-links "$dir" \
-            --constraint "$all_constraints" "${wanted[@]}"
+            --constraint "$constraints" "${wanted[@]}"
         rm -f "$dir"/.complete-*
         touch "$stamp"
     fi

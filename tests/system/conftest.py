@@ -124,28 +124,30 @@ def first_in_line(cmd: list[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def cpu_wheelhouse(tmp_path_factory) -> Path:
-    """scripts/build-wheelhouse.sh's offline wheelhouse with the CPU torch pair in place of
-    PyPI's CUDA build: hard links into a directory of this session (several test sessions
-    may build at once), the CPU pair copied from pip's local wheel stores. The shared
-    wheelhouse is this lock's cache entry; this clone's ddl wheels replace the previous
-    ones there while it is held."""
+    """The CPU image's offline wheelhouse by the one command docs/containers.md gives,
+    `scripts/build-wheelhouse.sh --cpu-torch --offline`, with this machine's CPU pair
+    ($TORCH; $TORCH_INDEX empty: pip's local wheel stores, PyTorch's CPU index being
+    unreachable): hard links into a directory of this session (several test sessions may
+    build at once). The shared wheelhouse is this lock's cache entry; this clone's ddl
+    wheels replace the previous ones there while it is held. GPU wheels an older cache
+    entry may hold (PyPI's CUDA torch and its nvidia-* libraries) are left out."""
     wheelhouse = tmp_path_factory.mktemp("wheelhouse-cpu")
+    cpu_pair = tuple(pin.replace("==", "-") + "-" for pin in CPU_TORCH)
     with held(WHEELHOUSE):
         wheels = run_bounded(first_in_line([str(REPO / "scripts" / "build-wheelhouse.sh"),
-                                            "--torch", "--offline", str(WHEELHOUSE)]),
-                             timeout=1800)
+                                            "--cpu-torch", "--offline", str(WHEELHOUSE)]),
+                             env={**os.environ, "TORCH": " ".join(CPU_TORCH),
+                                  "TORCH_INDEX": ""}, timeout=1800)
         assert wheels.returncode == 0, wheels.stderr
         for path in WHEELHOUSE.iterdir():
-            if path.is_file() and not path.name.startswith(CUDA_WHEELS):
+            if path.is_file() and (path.name.startswith(cpu_pair)
+                                   or not path.name.startswith(CUDA_WHEELS)):
                 try:
                     os.link(path, wheelhouse / path.name)
                 except OSError:  # another file system
                     shutil.copy2(path, wheelhouse / path.name)
     for stale in prune_other_wheelhouses(WHEELHOUSE):
         print(f"removed the wheelhouse of another lock: {stale}")
-    torch = run_bounded([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                         "--dest", str(wheelhouse), *CPU_TORCH], timeout=600)
-    assert torch.returncode == 0, torch.stderr
     return wheelhouse
 
 
