@@ -10,7 +10,8 @@ wheelhouse only). Then, against that image:
   --device cpu --preset tiny`, trains on data the image's own `prepare` made, and the
   results land on the host;
 - `apptainer run IMAGE train --site local --plugin mnist --preset tiny --nproc 2` trains
-  with the image's ddl and writes results.json outside the image;
+  with the image's ddl and writes results.json outside the image, and the image's
+  `report` draws the run's report.html;
 - the image knows its target: DDL_CONTAINER_TARGET and /opt/ddl/target say cpu;
 - `apptainer test` passes; `apptainer inspect` shows the ddl labels;
 - the image's `ddl sites` lists every profile in sites/ (packaged inside the image).
@@ -68,11 +69,24 @@ def test_main_job_trains_in_the_image_and_writes_results_outside(runtime_env, im
                                              "tp": 1}}
     assert results["data"] == {"dir": str(tmp_path / "data"), "synthetic": True}
     assert results["versions"]["torch"] == TORCH_VERSION
+    # the image it ran in, traceable to the ddl commit it was built from (issue 42)
+    container = results["container"]
+    assert (container["runtime"], container["image"], container["target"]) == (
+        "apptainer", str(image), "cpu"), container
+    assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", container["commit"]), container
+    assert container["file"]["size"] == image.stat().st_size, container
     assert len(results["epochs"]) == 2
     # It learned (docs/testing.md, "How learning thresholds are chosen"): the same command
     # with the host's ddl, seeds 1-5; untrained: the highest of the model before any step
     # seeds 1-5: 0.830-0.886; untrained 0.14
     assert results["final"]["test"]["accuracy"] > 0.35, results["final"]
+    # The image's `report` draws it (matplotlib is in the image: issue 42)
+    run_dir = Path(re.search(r"^results: (\S+)$", proc.stdout, re.M).group(1)).parent
+    report = _apptainer(runtime_env, "run", str(image), "report", str(run_dir), "--output",
+                        str(run_dir), cwd=tmp_path)
+    assert report.returncode == 0, report.stdout + report.stderr
+    html = (tmp_path / run_dir / "report.html").read_text()
+    assert "data:image/png;base64," in html  # a drawn figure, not only tables
 
 
 def test_cpu_image_is_at_most_2_5_gb(image):
@@ -128,6 +142,8 @@ def test_inspect_shows_the_ddl_labels(runtime_env, image):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["ddl.built"])
     assert labels["ddl.base"] == f"localimage:{APPTAINER_DIR / 'base'}"
     assert labels["ddl.torch"] == TORCH_VERSION
+    assert labels["org.opencontainers.image.revision"] == labels["ddl.commit"]
+    assert labels["org.opencontainers.image.version"] == __version__
     run_help = _apptainer(runtime_env, "run-help", str(image))
     assert "apptainer run containers/ddl.sif train --site lumi --plugin xsum" in run_help.stdout
 

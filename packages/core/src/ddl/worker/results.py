@@ -19,7 +19,7 @@ from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings import rundir
 from ddl.settings.config import RunConfig
-from ddl.worker import mfu
+from ddl.worker import container_record, mfu
 from ddl.worker.checkpoint import TrainerState
 from ddl.worker.setup import Layout
 
@@ -51,6 +51,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "finished_at": time.strftime(TIME_FORMAT, time.localtime(finished)),
         "wall_time_s": finished - started,
         "command": command or sys.argv,  # the user's, from the plan
+        "container": container_record.record(),  # the image it ran in, or None
         "plugin": config.plugin, "strategy": config.strategy, "site": config.site,
         "preset": layout.preset,
         "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
