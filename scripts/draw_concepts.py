@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Draw the figures of docs/concepts.md: ranks and process groups, each collective (what
-every rank holds before and after), and what each strategy communicates in forward,
-backward and the optimizer step.
+every rank holds before and after), a ring all-reduce against a parameter server, and what
+each strategy communicates in forward, backward and the optimizer step; and two figures of
+other pages (OTHER_PAGES): the 3-D mesh of docs/layout.md and the LUMI-G node map of
+docs/gpus-per-process.md (drawn from sites/lumi-g.toml, the binding ddl applies).
 
     python scripts/draw_concepts.py            # (re)write docs/img/concepts/*.svg
     python scripts/draw_concepts.py --check    # exit 1 listing stale or missing figures
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -26,6 +29,9 @@ except ImportError:  # run outside the venv: the source tree
     sys.path.insert(0, str(REPO / "packages" / "core" / "src"))
     from ddl.contract.layout import ParallelLayout
 WIDTH = 700  # the docs' content column
+LUMI_PROFILE = REPO / "sites" / "lumi-g.toml"
+#: Figures shown on a page other than docs/concepts.md: file name -> page (under docs/).
+OTHER_PAGES = {"layout-3d.svg": "layout.md", "lumi-g-node.svg": "gpus-per-process.md"}
 
 # Rank colours (light fills, text stays readable on them), one per rank.
 RANK_FILL = ["#8ecae6", "#ffc857", "#a7d98b", "#f4a6a6",
@@ -72,6 +78,11 @@ class Svg:
         points = (f"{x2},{y2} {back_x + side_x},{back_y + side_y} "
                   f"{back_x - side_x},{back_y - side_y}")
         self.parts.append(f'<polygon points="{points}" fill="{stroke}"/>')
+
+    def path(self, d: str, stroke="#444", width=2, dashed=False) -> None:
+        dash = ' stroke-dasharray="4 3"' if dashed else ""
+        self.parts.append(f'<path d="{d}" fill="none" stroke="{stroke}" '
+                          f'stroke-width="{width}"{dash}/>')
 
     def title(self, heading: str, subtitle: str) -> None:
         self.text(10, 22, heading, size=15, weight="bold")
@@ -319,9 +330,152 @@ def strategies() -> dict[str, str]:
     }
 
 
+# --- a parameter server against a ring all-reduce ----------------------------------------
+def ring_figure() -> str:
+    """4 workers summing gradients of size S: through one server, or around a ring."""
+    svg = Svg(330)
+    svg.title("Summing gradients: a parameter server or a ring all-reduce",
+              "4 ranks, gradients of S bytes each; NCCL/RCCL and gloo use rings (and trees)")
+    red, grey = COMM["all-reduce"], "#888"
+    # left: a parameter server
+    svg.text(14, 72, "parameter server", size=13, weight="bold")
+    svg.rect(110, 84, 110, 34, fill=SUM_FILL)
+    svg.text(165, 106, "server", anchor="middle", weight="bold")
+    for i in range(4):
+        x = 24 + i * 78
+        svg.rect(x, 200, 64, 34, fill=RANK_FILL[i])
+        svg.text(x + 32, 222, f"rank {i}", anchor="middle", size=12, weight="bold")
+        svg.arrow(x + 22, 198, x + 22, 122, grey, 2)  # gradients up
+        svg.arrow(x + 42, 120, x + 42, 196, red, 2)  # the sum back down
+    svg.line(42, 120, 298, 120, grey, 1)
+    for i, line in enumerate(["grey up: each rank's S; red down: the sum S",
+                              "the server's link carries 4 S in and 4 S out:",
+                              "it grows with the ranks (the bottleneck)"]):
+        svg.text(14, 258 + i * 18, line, size=12, fill="#444")
+    # right: a ring
+    svg.text(370, 72, "ring all-reduce", size=13, weight="bold")
+    spots = [(400, 90), (560, 90), (560, 190), (400, 190)]  # rank 0..3, clockwise
+    for i, (x, y) in enumerate(spots):
+        svg.rect(x, y, 80, 34, fill=RANK_FILL[i])
+        svg.text(x + 40, y + 22, f"rank {i}", anchor="middle", size=12, weight="bold")
+    svg.arrow(482, 107, 556, 107, red, 3)
+    svg.arrow(600, 126, 600, 186, red, 3)
+    svg.arrow(558, 207, 484, 207, red, 3)
+    svg.arrow(440, 188, 440, 128, red, 3)
+    svg.text(520, 152, "S/4 per hop", size=12, anchor="middle", fill=red)
+    for i, line in enumerate(["each rank sends chunks of S/4 to its neighbour:",
+                              "3 steps add up the chunks (reduce-scatter),",
+                              "3 more pass the sums on (all-gather):",
+                              "2 x 3/4 S per rank, whatever the number of ranks"]):
+        svg.text(370, 240 + i * 18, line, size=12, fill="#444")
+    return svg.render()
+
+
+# --- the 3-D mesh of docs/layout.md on two nodes ------------------------------------------
+def layout_3d_figure() -> str:
+    """--mesh pp=2,tp=2,dp_shard=2 on 2 nodes of 4: who talks to whom, and where."""
+    degrees = {"pp": 2, "dp_shard": 2, "tp": 2}
+    layout = ParallelLayout(**degrees)
+    svg = Svg(410)
+    svg.title("8 ranks, pp=2 x dp_shard=2 x tp=2, on 2 nodes of 4",
+              "ddl layout --mesh pp=2,tp=2,dp_shard=2 --nproc 4 --nodes 2")
+    box_w, gap = 110, 26
+    xs = [40 + i * (box_w + gap) + (i // 2) * 20 for i in range(4)]
+    tops = {0: 104, 1: 262}
+    for node in (0, 1):
+        top = tops[node]
+        svg.rect(14, top - 36, 672, 92, fill="#f6f6f6", stroke="#888", rx=8)
+        svg.text(24, top - 18, f"node {node}: pipeline stage {node}", weight="bold", fill="#555")
+        for local in range(4):
+            rank = node * 4 + local
+            where = layout.coordinates(rank)
+            if local % 2 == 0:
+                svg.rect(xs[local] - 6, top - 6, 2 * box_w + gap + 12, 46, stroke=COMM["all-reduce"],
+                         dashed=True, rx=6)
+            svg.rect(xs[local], top, box_w, 34, fill=RANK_FILL[rank % 4])
+            svg.text(xs[local] + box_w // 2, top + 15, f"rank {rank}", anchor="middle",
+                     weight="bold", size=12)
+            svg.text(xs[local] + box_w // 2, top + 29,
+                     f"shard {where['dp_shard']}, tp {where['tp']}", anchor="middle", size=11)
+    # dp_shard pairs: a bracket above node 0's ranks and below node 1's
+    for group in layout.groups("dp_shard"):
+        a, b = (r % 4 for r in group)
+        lane = a  # 0 or 1: two brackets side by side
+        x1, x2 = xs[a] + 40 + lane * 30, xs[b] + 40 + lane * 30
+        if group[0] < 4:
+            y0, y1 = tops[0] - 6, tops[0] - 14 - lane * 6
+        else:
+            y0, y1 = tops[1] + 40, tops[1] + 48 + lane * 6
+        svg.path(f"M{x1},{y0} L{x1},{y1} L{x2},{y1} L{x2},{y0}", COMM["all-gather"], 2)
+    # pp pairs: straight down from stage 0 to stage 1
+    for first, second in layout.groups("pp"):
+        x = xs[first] + box_w // 2
+        svg.arrow(x, tops[0] + 42, x, tops[1] - 8, COMM["send/recv"], 3)
+    for i, (line, colour) in enumerate([
+            ("pp pairs (arrows): activations down, gradients back: the only traffic between "
+             "nodes", COMM["send/recv"]),
+            ("tp pairs (dashed): all-reduces inside every layer, on one node's fast links",
+             COMM["all-reduce"]),
+            ("dp_shard pairs (brackets): FSDP's all-gathers and reduce-scatters, inside a node",
+             COMM["all-gather"])]):
+        svg.text(14, 348 + i * 18, line, size=12, fill=colour)
+    return svg.render()
+
+
+# --- LUMI-G: which cores sit next to which GCD ---------------------------------------------
+def lumi_node_figure(profile: Path = LUMI_PROFILE) -> str:
+    """The LUMI-G node: 8 CCDs of 8 cores in 4 NUMA nodes, each CCD linked to one GCD of the
+    4 MI250X; the cores ddl binds each local rank to, read from the site profile."""
+    binding = tomllib.loads(profile.read_text())["cpu_binding"]
+    cores = binding["worker_cores"]
+    masks = binding["srun"].split(":", 1)[1].split(",")
+    ccd_gcd = {min(c) // 8: g for g, c in enumerate(cores)}
+    svg = Svg(420)
+    svg.title("LUMI-G node: 64 cores in 4 NUMA nodes, 4 MI250X = 8 GCDs",
+              f"sites/lumi-g.toml [cpu_binding]: local rank g -> GCD g -> its 7 cores")
+    col = 84
+    for numa in range(4):
+        x0 = 14 + numa * 2 * col
+        svg.rect(x0, 56, 2 * col - 4, 96, fill="#f6f6f6", stroke="#888", rx=6)
+        svg.text(x0 + 6, 72, f"NUMA {numa}", size=12, weight="bold", fill="#555")
+    for ccd in range(8):
+        x = 20 + ccd * col
+        gcd = ccd_gcd.get(ccd)
+        svg.rect(x, 80, col - 16, 62, fill=RANK_FILL[gcd] if gcd is not None else "#eee")
+        svg.text(x + 4, 96, f"CCD {ccd}", size=12, weight="bold")
+        svg.text(x + 4, 112, f"cores {8 * ccd}-{8 * ccd + 7}", size=11)
+        svg.text(x + 4, 126, f"{8 * ccd}: the OS's", size=10, fill="#666")
+        if gcd is not None:
+            svg.text(x + 4, 138, f"{min(cores[gcd])}-{max(cores[gcd])}: rank {gcd}", size=10)
+            svg.line(x + (col - 16) // 2, 144, x + (col - 16) // 2, 196, "#444", 2)
+    for module in range(4):
+        gcds = [ccd for ccd in range(8) if ccd_gcd.get(ccd) in (2 * module, 2 * module + 1)]
+        x0 = 14 + min(gcds) * col
+        svg.rect(x0, 190, (max(gcds) - min(gcds) + 1) * col - 4, 58, stroke="#888", dashed=True,
+                 rx=6)
+        svg.text(x0 + 6, 244, f"MI250X {module}", size=11, fill="#555")
+    for ccd, gcd in sorted(ccd_gcd.items()):
+        x = 20 + ccd * col
+        svg.rect(x, 198, col - 16, 30, fill=RANK_FILL[gcd])
+        svg.text(x + (col - 16) // 2, 218, f"GCD {gcd}", anchor="middle", weight="bold", size=12)
+    svg.text(14, 272, "srun --cpu-bind=mask_cpu:... (one task per GCD), in local-rank order:",
+             size=12, fill="#444")
+    for g, mask in enumerate(masks):
+        x, y = 14 + (g // 4) * 344, 292 + (g % 4) * 18
+        svg.text(x, y, f"rank {g}: GCD {g}, cores {min(cores[g])}-{max(cores[g])}, {mask}",
+                 size=11, mono=True)
+    for i, line in enumerate([
+            "GCD numbers do not follow NUMA numbers: GCD 0 sits by cores 49-55 (NUMA 3).",
+            "Pinning rank g there keeps its host memory and its GCD link local."]):
+        svg.text(14, 378 + i * 18, line, size=12, fill="#444")
+    return svg.render()
+
+
 def figures() -> dict[str, str]:
     """Every figure: file name -> SVG text."""
-    return {"ranks.svg": ranks_figure(), **collectives(), **strategies()}
+    return {"ranks.svg": ranks_figure(), **collectives(), "ring-allreduce.svg": ring_figure(),
+            **strategies(), "layout-3d.svg": layout_3d_figure(),
+            "lumi-g-node.svg": lumi_node_figure()}
 
 
 def stale(out: Path) -> list[str]:

@@ -4,10 +4,12 @@
 The timeline is the theory: p stages, m microbatches, every stage taking f for a forward
 and b = 2f for a backward (the ratio changes the picture, not the fraction: the idle share
 of each stage is (p-1)/(m+p-1) for any f and b). The bars beside it are read from real
-runs: a `ddl train --strategy pp` results.json (its `strategy_report`) and, optionally,
+runs: a `ddl train --strategy pp` results.json (its `strategy_report`), or the committed
+record of such runs, `benchmarks/results/pp_bubble-mnist-tiny.json` (its first run: the docs
+quote that file, so the figure and the pages agree), and, optionally,
 `benchmarks/results/pp_bubble-accelerator.json` (the run with the same schedule, p and m).
 
-    python scripts/plot_pipeline_schedule.py --run runs/pp/results.json \
+    python scripts/plot_pipeline_schedule.py --run benchmarks/results/pp_bubble-mnist-tiny.json \
         [--benchmark benchmarks/results/pp_bubble-accelerator.json] [--output docs/img/pipeline-gpipe.png]
 
 matplotlib only; no torch.
@@ -41,7 +43,10 @@ def theory(stages: int, microbatches: int) -> float:
 
 
 def run_bubble(path: Path) -> dict:
-    report = json.loads(path.read_text()).get("strategy_report") or {}
+    data = json.loads(path.read_text())
+    if data.get("runs"):  # the committed record of several runs: the figure draws the first
+        data = data["runs"][0]
+    report = data.get("strategy_report") or {}
     if "bubble_measured_per_rank" not in report:
         sys.exit(f"{path}: no pipeline strategy_report (was it a --strategy pp run?)")
     return report
@@ -105,7 +110,7 @@ def plot(report: dict, bench: dict | None, run_label: str, output: Path) -> None
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True, help="results.json of a pp run")
+    parser.add_argument("--run", type=Path, required=True, help="results.json of a pp run, or benchmarks/results/pp_bubble-mnist-tiny.json")
     parser.add_argument("--run-label", default="MNIST tiny", help="name of the run in the bars")
     parser.add_argument("--benchmark", type=Path, help="benchmarks/results/pp_bubble-accelerator.json")
     parser.add_argument("--output", type=Path, default=Path("docs/img/pipeline-gpipe.png"))

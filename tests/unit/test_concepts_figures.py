@@ -1,11 +1,15 @@
 """The figures of docs/concepts.md (docs/img/concepts/*.svg) are what
-scripts/draw_concepts.py draws now, there is one per collective and one per strategy, and
-the page shows each of them. Pure Python, no torch: well under a second."""
+scripts/draw_concepts.py draws now, there is one per collective and one per strategy (and a
+ring all-reduce against a parameter server), and the page shows each of them; the figures
+of other pages (the 3-D mesh of layout.md, the LUMI-G node map) are shown on theirs, and
+the node map says what sites/lumi-g.toml binds. Pure Python, no torch: well under a
+second."""
 
 from __future__ import annotations
 
 import importlib.util
 import re
+import tomllib
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -13,7 +17,8 @@ from conftest import REPO
 
 pytestmark = pytest.mark.unit
 
-COLLECTIVES = ["broadcast", "all-reduce", "reduce-scatter", "all-gather", "send-recv"]
+COLLECTIVES = ["broadcast", "all-reduce", "reduce-scatter", "all-gather", "send-recv",
+               "ring-allreduce"]
 STRATEGIES = ["ddp", "fsdp", "hsdp", "tp", "pp", "3d"]
 REGENERATE = "python scripts/draw_concepts.py"
 
@@ -35,10 +40,34 @@ def test_one_figure_per_collective_and_strategy_each_shown_on_the_page():
     drawn = _script().figures()
     wanted = {f"{name}.svg" for name in COLLECTIVES + STRATEGIES}
     assert wanted <= set(drawn), f"not drawn: {sorted(wanted - set(drawn))}"
+    others = _script().OTHER_PAGES
     page = (REPO / "docs" / "concepts.md").read_text()
     shown = set(re.findall(r"\]\(img/concepts/([\w.-]+\.svg)\)", page))
-    assert shown == set(drawn), f"drawn but not on the page: {sorted(set(drawn) - shown)}; " \
-                                f"on the page but not drawn: {sorted(shown - set(drawn))}"
+    here = set(drawn) - set(others)
+    assert shown == here, f"drawn but not on the page: {sorted(here - shown)}; " \
+                          f"on the page but not drawn: {sorted(shown - here)}"
+    for name, other in others.items():
+        assert name in drawn, name
+        assert f"](img/concepts/{name})" in (REPO / "docs" / other).read_text(), \
+            f"docs/{other} does not show {name}"
+
+
+def test_lumi_node_map_is_the_binding_ddl_applies(tmp_path):
+    """Each GCD's cores and srun mask on the figure are sites/lumi-g.toml's; a changed
+    profile changes the figure (it is drawn from the profile, not typed in)."""
+    script = _script()
+    profile = REPO / "sites" / "lumi-g.toml"
+    binding = tomllib.loads(profile.read_text())["cpu_binding"]
+    masks = binding["srun"].split(":", 1)[1].split(",")
+    text = script.figures()["lumi-g-node.svg"]
+    assert len(binding["worker_cores"]) == len(masks) == 8
+    for gcd, (cores, mask) in enumerate(zip(binding["worker_cores"], masks)):
+        assert f"rank {gcd}: GCD {gcd}, cores {min(cores)}-{max(cores)}, {mask}" in text, gcd
+    moved = profile.read_text().replace("[49, 50, 51, 52, 53, 54, 55]",
+                                        "[48, 50, 51, 52, 53, 54, 55]")
+    assert moved != profile.read_text()
+    (tmp_path / "lumi-g.toml").write_text(moved)
+    assert "cores 48-55" in script.lumi_node_figure(tmp_path / "lumi-g.toml")
 
 
 def test_figures_are_self_contained_svg_for_the_column():

@@ -193,3 +193,45 @@ def test_course_parity_has_a_step_table_per_course():
         assert rows[0] == "| step in the course | ddl page | still missing |"
         gaps = [r for r in rows[2:] if not r.rstrip().endswith("| — |")]
         assert len(rows) >= 7 and gaps, f"{section.splitlines()[0]}: steps and honest gaps"
+
+
+# --- what running the docs leaves behind is ignored by git (issue 43) -------------------------
+RUNNABLE = re.compile(r"<!-- runnable-on-cpu -->\n```(?:sh|bash|console)\n(.*?)\n```", re.S)
+WRITES = re.compile(r">\s*([\w./-]+)|--(?:run-dir|data-dir|output|output-dir)[ =]([\w./-]+)")
+
+
+def written_paths(block: str) -> list[str]:
+    """Paths a shell block writes: files it redirects into, and the directories of ddl's
+    output flags (with a trailing slash: git matches `/data/` only to a directory)."""
+    return [file or f"{folder.rstrip('/')}/" for file, folder in WRITES.findall(block)
+            if not (file or folder).startswith("/dev/")]
+
+
+def unignored(paths: list[str]) -> list[str]:
+    """Those of ``paths`` (relative to the repository root) that git would show as new."""
+    if not paths:
+        return []
+    proc = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=REPO,
+                          capture_output=True, text=True)
+    ignored = set(proc.stdout.split())
+    return [p for p in paths if p not in ignored]
+
+
+def test_running_the_docs_blocks_and_building_the_site_leaves_git_status_clean():
+    """The tutorial's and getting-started's marked blocks are run from the repository root;
+    every file they write (and mkdocs' site_dir) is under an ignored path, so `git status`
+    stays clean after them."""
+    paths = []
+    for page in ("tutorial.md", "getting-started.md"):
+        for block in RUNNABLE.findall((REPO / "docs" / page).read_text()):
+            paths += written_paths(block)
+    assert "runs/job.sh" in paths and "runs/one/" in paths  # the pattern finds them
+    site_dir = re.search(r"^site_dir:\s*(\S+)", (REPO / "mkdocs.yml").read_text(), re.M)
+    paths.append(f"{site_dir.group(1) if site_dir else 'site'}/")
+    assert not unignored(paths), unignored(paths)
+
+
+def test_the_clean_status_check_names_an_unignored_path():
+    block = "./ddl submit --dry-run > job.sh\n./ddl train --run-dir runs/x"
+    assert written_paths(block) == ["job.sh", "runs/x/"]
+    assert unignored(written_paths(block)) == ["job.sh"]
