@@ -18,6 +18,7 @@ COMMANDS = {"train": "train:cmd_train", "prepare": "train:cmd_prepare",
             "scale": "scaling:cmd_scale", "report": "report:cmd_report",
             "plugins": "listings:cmd_plugins", "sites": "listings:cmd_sites",
             "doctor": "doctor:cmd_doctor", "layout": "layout:cmd_layout",
+            "plan": "plan:cmd_plan",
             "watch": "watch:cmd_watch", "check-plugin": "check_plugin:cmd_check_plugin"}
 
 

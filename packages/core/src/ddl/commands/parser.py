@@ -205,6 +205,7 @@ def make_parser() -> argparse.ArgumentParser:
     _measure_parsers(sub)
 
     _layout_parser(sub)
+    _plan_parser(sub)
     sub.add_parser("plugins", help="list installed workloads and strategies")
     _check_plugin_parser(sub)
     sites = sub.add_parser("sites", help="list known site profiles (name, short names, "
@@ -271,6 +272,22 @@ def _layout_parser(sub) -> None:
     layout.add_argument("--nproc", type=int, help="processes per node (default: the "
                                                    "product of the degrees / --nodes)")
     layout.add_argument("--nodes", type=int, default=1, help="default: 1")
+
+
+def _plan_parser(sub) -> None:
+    plan = sub.add_parser("plan", help="rank the layouts of a workload on N nodes of a site "
+                          "by predicted memory and step time (ddl.worker.planner)")
+    plan.add_argument("--plugin", required=True, help="workload")
+    plan.add_argument("--preset", help="default: the workload's")
+    plan.add_argument("--site", required=True, help="site profile (a GPU site)")
+    plan.add_argument("--nodes", type=int, default=1, help="default: 1")
+    plan.add_argument("--partition", help="default: the site's default partition")
+    plan.add_argument("--global-batch-size", type=int,
+                      help="samples per optimizer step (default: the preset's batch x GPUs)")
+    plan.add_argument("--data-dir", type=_directory, help="a sample batch comes from here "
+                      "if it holds the data (default ./data; else a synthetic stand-in)")
+    plan.add_argument("--top", type=int, default=10, help="layouts shown (default: 10)")
+    plan.add_argument("--format", choices=["table", "json"], default="table")
 
 
 def _container_parser(sub) -> None:

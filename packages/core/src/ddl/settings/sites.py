@@ -138,6 +138,15 @@ class SiteProfile(_Strict):
     device_peak_flops: float | None = Field(
         None, gt=0, description="dense peak of ONE device as torch sees it (an MI250X GCD, "
         "not the module), in FLOP/s, for MFU")
+    device_memory_bytes: int | None = Field(
+        None, gt=0, description="memory of ONE device as torch sees it (an MI250X GCD: "
+        "64 GiB), for `ddl plan`'s fit check")
+    intra_node_bytes_per_s: float | None = Field(
+        None, gt=0, description="one device's bandwidth to its node's other devices "
+        "(NVLink, Infinity Fabric), one direction, for `ddl plan`'s step-time estimate")
+    inter_node_bytes_per_s: float | None = Field(
+        None, gt=0, description="one node's network injection bandwidth (all its NICs), one "
+        "direction, for `ddl plan`'s step-time estimate")
     backend: Literal["gloo", "nccl"] = Field(
         description="torch.distributed backend; 'nccl' also means RCCL on ROCm builds")
     launcher: Literal["local", "srun", "torchrun", "torchrun_jsc"] = Field(

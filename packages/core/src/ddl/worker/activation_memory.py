@@ -46,7 +46,8 @@ class SavedTensorMeter:
                 storage = local.untyped_storage()
             except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
                 return tensor
-            key = storage.data_ptr()
+            # a meta tensor (ddl plan's probe) has no address: its storage object stands in
+            key = storage.data_ptr() or (storage._cdata if local.is_meta else 0)
             if key and key not in seen:
                 seen.add(key)
                 total[0] += storage.nbytes()

@@ -36,6 +36,7 @@ from ddl.contract.workload import Workload
 from ddl_xsum import data
 
 SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
+T5_VOCABULARY = 32128  # the released T5 checkpoints' embedding rows
 
 
 def _go_offline() -> None:
@@ -178,6 +179,12 @@ class XsumWorkload(Workload):
         _go_offline()
         from transformers import T5Config, T5ForConditionalGeneration
 
+        if not data.xsum_dir(self._data_dir).is_dir():
+            # no data at all (`ddl plan`, a submit's fit check; a run's pre-flight wants
+            # data first): the architecture alone, with T5's released vocabulary
+            config = data.t5_config(self.model_name, T5_VOCABULARY)
+            config.use_cache = False
+            return self._remember_vocab(T5ForConditionalGeneration(config))
         synthetic = data.is_synthetic(self._data_dir)
         where = str(data.model_dir(self._data_dir, self.model_name, synthetic))
         if self._random_large(synthetic, where):
@@ -267,7 +274,7 @@ class XsumWorkload(Workload):
     def _shape(self) -> dict[str, int]:
         shape = dict(data.T5_SHAPES[self.model_name])
         shape.setdefault("num_decoder_layers", shape["num_layers"])
-        shape["vocab_size"] = self._vocab_size or 32128  # T5's released vocabulary
+        shape["vocab_size"] = self._vocab_size or T5_VOCABULARY
         return shape
 
     def flops_per_sample(self) -> float:

@@ -1,0 +1,146 @@
+"""``ddl plan --plugin P --preset X --site S --nodes N``: the layouts that fit, best first.
+
+Every candidate (ddl.settings.layout_search) gets a predicted memory per device and step
+time (ddl.worker.planner); those over the site's device memory, or that the workload cannot
+split that way, are listed apart with the reason. Torch is imported only here, when the
+command runs (the model is built on the meta device: no memory, seconds even for T5-3B).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from ddl.contract.errors import DataError, UsageError
+
+
+def cmd_plan(ns: argparse.Namespace) -> int:
+    from ddl.contract.plugins import Plugins
+    from ddl.settings.sites import get_site
+
+    for flag, value in (("--nodes", ns.nodes), ("--top", ns.top),
+                        ("--global-batch-size", ns.global_batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}: {value}; allowed: a whole number >= 1")
+    plugins = Plugins()
+    site = get_site(ns.site, plugins)
+    _, partition = site.partition(ns.partition) if site.partitions else (None, None)
+    if site.accelerator == "cpu" or not partition or not site.device_memory_bytes:
+        raise UsageError(f"--site: {site.name} gives no GPUs per node and device memory "
+                         "(device_memory_bytes); allowed: a GPU site, e.g. juwels, lumi")
+    spec = plugins.workload(ns.plugin)
+    preset_name = ns.preset or spec.default_preset
+    if preset_name not in spec.presets:
+        raise UsageError(f"--preset: {spec.name} has no preset {preset_name!r}; allowed: "
+                         f"{', '.join(spec.presets)}")
+    preset = spec.presets[preset_name]
+    world = ns.nodes * partition.gpus_per_node
+    global_batch = ns.global_batch_size or preset.batch_size * world
+    report = _plan(spec, preset, site, partition.gpus_per_node, world, global_batch,
+                   Path(ns.data_dir or site.defaults.data_dir or "data"))
+    report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes)
+    if ns.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report, ns.top), end="")
+    return 0
+
+
+def _plan(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
+          data_dir: Path) -> dict:
+    from ddl.contract.context import RunContext
+    from ddl.contract.layout import ParallelLayout
+    from ddl.contract.world import World
+    from ddl.settings import layout_search as search
+    from ddl.worker import planner
+
+    workload = spec.create(preset)
+    import torch
+
+    workload.context = RunContext(
+        data_dir=data_dir, world=World(rank=0, local_rank=0, size=world,
+                                       device=torch.device("cpu"), backend="gloo"),
+        parallel=ParallelLayout(dp_shard=world), epochs=preset.epochs,
+        global_batch=global_batch, batch_per_replica=global_batch // world)
+    device = planner.Device(site.accelerator, gpus_per_node, site.device_memory_bytes,
+                            site.device_peak_flops, site.intra_node_bytes_per_s,
+                            site.inter_node_bytes_per_s)
+    caps = spec.capabilities
+    with tempfile.TemporaryDirectory(prefix="ddl-plan-") as tmp:
+        source = _batch_source(workload, data_dir, Path(tmp))
+        plan = planner.Planner(workload, source, device)
+        predictions = [plan.predict(c, global_batch) for c in search.candidates(
+            world, gpus_per_node, global_batch, tp_ok="tp_plan" in caps,
+            pp_ok="pipeline_splits" in caps)]
+    if not predictions:
+        raise UsageError(f"--global-batch-size: {global_batch} does not split over any "
+                         f"data-parallel degree of {world} GPUs; allowed: a multiple of "
+                         f"{world}")
+    fits = sorted((p for p in predictions if not p.dropped),
+                  key=lambda p: (p.step_s if p.step_s is not None else 0,
+                                 # ties: fewer micro-steps, less recomputation, less memory
+                                 p.candidate.accumulation,
+                                 search.CHECKPOINTING.index(p.candidate.checkpointing),
+                                 p.memory_bytes))
+    return {"world": world, "gpus_per_node": gpus_per_node, "global_batch": global_batch,
+            "device_memory_bytes": site.device_memory_bytes,
+            "model": "ddl.settings.memory_model + ddl.settings.layout_search (docs/plan.md)",
+            "fits": [p.as_dict() for p in fits],
+            "dropped": [p.as_dict() for p in predictions if p.dropped]}
+
+
+def _batch_source(workload, data_dir: Path, tmp: Path) -> Path:
+    """Where a sample batch is read: the data if it is there, else a synthetic stand-in in
+    the same format (only shapes matter: the batch runs on the meta device)."""
+    try:
+        workload.check_data(data_dir)
+        return data_dir
+    except (DataError, OSError):
+        workload.prepare(tmp, synthetic=True)
+        return tmp
+
+
+def render(report: dict, top: int) -> str:
+    fits, dropped = report["fits"], report["dropped"]
+    lines = [f"{report['plugin']} {report['preset']} on {report['site']}: {report['nodes']} "
+             f"node(s) x {report['gpus_per_node']} GPUs, global batch "
+             f"{report['global_batch']}, {_gib(report['device_memory_bytes'])} per device",
+             ""]
+    heads = ["#", "mesh", "micro", "accum", "ckpt", "memory/rank", "step (s)"]
+    rows = [[str(i + 1), _mesh(p["mesh"]), str(p["micro_batch"]), str(p["accumulation"]),
+             p["activation_checkpointing"], _gib(p["memory_per_rank_bytes"]),
+             "-" if p["step_s"] is None else f"{p['step_s']:.3g}"]
+            for i, p in enumerate(fits[:top])]
+    if rows:
+        widths = [max(len(r[k]) for r in [heads, *rows]) for k in range(len(heads))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                  for r in [heads, *rows]]
+        lines.append(f"{len(fits)} layout(s) fit; best: ddl train "
+                     + " ".join(fits[0]["flags"]))
+    else:
+        lines.append("no layout fits")
+    if dropped:
+        why = Counter(_reason(p["dropped"]) for p in dropped)
+        lines += ["", f"dropped {len(dropped)}:"]
+        lines += [f"  {n} x {reason}" for reason, n in why.most_common()]
+        smallest = min((p for p in dropped if p["memory_per_rank_bytes"]),
+                       key=lambda p: p["memory_per_rank_bytes"], default=None)
+        if smallest and not fits:
+            lines.append(f"  the smallest: {_mesh(smallest['mesh'])} needs "
+                         f"{_gib(smallest['memory_per_rank_bytes'])}")
+    return "\n".join(lines) + "\n"
+
+
+def _reason(text: str) -> str:
+    return "over the device memory" if text.startswith("needs ") else text
+
+
+def _mesh(degrees: dict[str, int]) -> str:
+    return " x ".join(f"{d}={n}" for d, n in degrees.items() if n > 1) or "1 process"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 1024 ** 3:.1f} GiB"

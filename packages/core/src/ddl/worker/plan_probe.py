@@ -1,0 +1,240 @@
+"""What ``ddl plan`` needs to know about a workload, found without training it: the
+parameters each rank of a layout holds, what its optimizer keeps per parameter, and the
+bytes a micro-batch keeps for the backward pass.
+
+Everything runs on the meta device (shapes, no memory, no arithmetic), so a 3-billion-
+parameter T5 costs what a tiny one costs: the model is built there, cut into the
+pipeline stages the strategy would cut (``Workload.pipeline_stages``), its tensor-parallel
+plan is read for which tensors split on which dimension, and one forward pass of a
+micro-batch runs there under ddl's saved-tensor meter (ddl.worker.activation_memory), with
+the activation checkpointing a run would apply. Tensor parallel's activations are those of
+one tp rank: the planned layers are narrowed to their local width first (colwise: output
+features / tp; rowwise: input features / tp), as each rank computes. The arithmetic on the
+shapes is ddl.settings.memory_model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddl.contract.layout import ParallelLayout
+from ddl.contract.workload import Workload
+from ddl.settings.memory_model import OptimizerCost, ParamShape, model_state
+from ddl.worker import activation_checkpointing
+from ddl.worker.activation_memory import SavedTensorMeter
+
+# (style, module type) -> the dimension DTensor shards the weight / bias on
+# (torch.distributed.tensor.parallel: ColwiseParallel, RowwiseParallel)
+_WEIGHT_DIM = {("colwise", nn.Linear): 0, ("rowwise", nn.Linear): 1,
+               ("colwise", nn.Embedding): 1, ("rowwise", nn.Embedding): 0}
+_BIAS_DIM = {"colwise": 0, "rowwise": None}
+
+
+def meta_model(build: Callable[[], nn.Module]) -> nn.Module:
+    with torch.device("meta"):
+        return build()
+
+
+def planned_modules(model: nn.Module, plan: dict[str, str]) -> dict[int, str]:
+    """id(module) -> style for every module a tp plan pattern matches (fnmatch per path
+    component, as ``parallelize_module`` reads plan keys)."""
+    found: dict[int, str] = {}
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        for path, style in plan.items():
+            pattern = path.split(".")
+            if name and len(pattern) == len(parts) and all(map(fnmatch, parts, pattern)):
+                found[id(module)] = style
+    return found
+
+
+def held_params(parts: list[nn.Module], plan: dict[str, str]) -> list[ParamShape]:
+    """The parameters a rank holding ``parts`` (its stages, or the whole model) keeps, each
+    once (tied weights are one tensor), with the dimension tensor parallel splits."""
+    seen: set[int] = set()
+    out: list[ParamShape] = []
+    for part in parts:
+        styles = planned_modules(part, plan)
+        for path, module in part.named_modules():
+            style = styles.get(id(module))
+            for pname, param in module.named_parameters(recurse=False):
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                dim = None
+                if style is not None:
+                    kind = next((t for s, t in _WEIGHT_DIM if s == style
+                                 and isinstance(module, t)), None)
+                    dim = _WEIGHT_DIM.get((style, kind)) if pname == "weight" else \
+                        _BIAS_DIM[style] if pname == "bias" else None
+                out.append(ParamShape(f"{path}.{pname}".lstrip("."), tuple(param.shape),
+                                      param.element_size(), dim))
+    return out
+
+
+def optimizer_cost(workload: Workload, lr: float = 1e-3) -> OptimizerCost:
+    """The workload's optimizer measured on two small tensors after one step: state bytes
+    = factor x parameter bytes + fixed bytes per tensor (Adam: 2 x + a 4-byte step)."""
+    params = [nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(5))]
+    optimizer = workload.optimizer(params, lr)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+
+    def state(p: torch.Tensor) -> int:
+        return sum(v.numel() * v.element_size() for v in optimizer.state.get(p, {}).values()
+                   if isinstance(v, torch.Tensor))
+
+    small, big = state(params[0]), state(params[1])
+    factor = (big - small) / (4 * 4)  # bytes per parameter byte (4 more fp32 elements)
+    return OptimizerCost(factor=factor, fixed=round(small - 4 * factor))
+
+
+def stage_parts(workload: Workload, model: nn.Module, layout: ParallelLayout,
+                stages_per_rank: int = 1) -> list[list[nn.Module]]:
+    """Per pipeline rank, the stage modules it holds (rank r: stages r, r + pp, ...)."""
+    if layout.pp == 1:
+        return [[model]]
+    n_stages = layout.pp * stages_per_rank
+    stages = workload.pipeline_stages(model, n_stages)
+    return [[stages[i] for i in range(r, n_stages, layout.pp)] for r in range(layout.pp)]
+
+
+def model_state_per_rank(workload: Workload, model: nn.Module, layout: ParallelLayout,
+                         cost: OptimizerCost, stages_per_rank: int = 1) -> list[dict[str, int]]:
+    """Predicted ``memory_per_rank`` model-state fields, in rank order."""
+    plan = workload.tp_plan(model) if layout.tp > 1 else {}
+    held = [held_params(parts, plan) for parts in stage_parts(workload, model, layout,
+                                                                  stages_per_rank)]
+    out = []
+    for rank in range(layout.world_size):
+        at = layout.coordinates(rank)
+        state = model_state(held[at["pp"]], cost, tp=layout.tp, tp_rank=at["tp"],
+                            dp_shard=layout.dp_shard, shard_rank=at["dp_shard"])
+        out.append(state.as_dict())
+    return out
+
+
+# --- activations ---------------------------------------------------------------------------
+
+def narrow_for_tp(workload: Workload, model: nn.Module, tp: int) -> None:
+    """Make ``model`` (on the meta device) compute what one of ``tp`` ranks computes: each
+    planned layer keeps 1/tp of its split dimension; head counts follow
+    (``Workload.prepare_tensor_parallel``)."""
+    styles = planned_modules(model, workload.tp_plan(model))
+    for module in model.modules():
+        style = styles.get(id(module))
+        if style is None:
+            continue
+        dim = _WEIGHT_DIM.get((style, type(module)))
+        if dim is None:
+            continue
+        shape = list(module.weight.shape)
+        shape[dim] = -(-shape[dim] // tp)
+        module.weight = nn.Parameter(torch.empty(shape, device="meta"))
+        if isinstance(module, nn.Linear):
+            module.out_features, module.in_features = shape
+            if module.bias is not None and style == "colwise":
+                module.bias = nn.Parameter(torch.empty(shape[0], device="meta"))
+        else:
+            module.num_embeddings, module.embedding_dim = shape
+    workload.prepare_tensor_parallel(model, tp)
+
+
+def to_meta(tree: Any) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, tree)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes kept for backward by one forward pass of a micro-batch, per pipeline stage
+    (one entry without a pipeline); and what crosses the network with it: the largest
+    stage output (a pipeline hand-off) and the outputs of the row-parallel layers (tensor
+    parallel all-reduces them)."""
+
+    per_stage: list[int]
+    boundary_bytes: int = 0
+    rowwise_bytes: int = 0
+
+
+def _nbytes(tree: Any) -> int:
+    from torch.utils._pytree import tree_flatten
+
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0]
+               if isinstance(t, torch.Tensor))
+
+
+def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets: Any, *,
+                     tp: int = 1, n_stages: int = 1, checkpointing: str = "none"
+                     ) -> Activations:
+    """Run ``inputs`` (a micro-batch as ``Workload.to_device`` gives it, on the meta
+    device) through ``model`` (built on the meta device, consumed: it is narrowed and
+    checkpointed in place) and count what each stage saves for backward."""
+    rowwise = [0]
+    if tp > 1:
+        narrow_for_tp(workload, model, tp)
+        styles = planned_modules(model, workload.tp_plan(model))
+        for module in model.modules():
+            if styles.get(id(module)) == "rowwise":
+                module.register_forward_hook(
+                    lambda _m, _i, out: rowwise.__setitem__(0, rowwise[0] + _nbytes(out)))
+    units = workload.fsdp_units(model)
+    if checkpointing != "none":
+        activation_checkpointing.apply(units, checkpointing)
+    model.train()
+    if n_stages == 1:
+        meter = SavedTensorMeter()
+        with meter.measure():
+            workload.loss(workload.forward(model, inputs), targets)
+        return Activations([meter.peak_bytes], rowwise_bytes=rowwise[0])
+    stages = workload.pipeline_stages(model, n_stages)
+    args = tuple(inputs.values()) if isinstance(inputs, dict) else (inputs,)
+    per_stage, boundary = [], 0
+    for i, stage in enumerate(stages):
+        stage.train()
+        # a stage's inputs arrive from its neighbour as fresh tensors that need gradients
+        args = tuple(a.detach().requires_grad_(a.is_floating_point()) if i else a
+                     for a in args)
+        meter = SavedTensorMeter()
+        with meter.measure():
+            out = stage(*args)
+            if i == n_stages - 1:
+                workload.loss(out, targets)
+        per_stage.append(meter.peak_bytes)
+        args = out if isinstance(out, tuple) else (out,)
+        if i < n_stages - 1:
+            boundary = max(boundary, _nbytes(args))
+    return Activations(per_stage, boundary, rowwise[0])
+
+
+def tile_batch(batch: Any, size: int) -> Any:
+    """``batch`` cut or repeated along dim 0 to ``size`` samples (on the meta device a
+    micro-batch of any size costs nothing; only its shape matters)."""
+    from torch.utils._pytree import tree_map
+
+    def tile(t):
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            return t
+        reps = -(-size // t.shape[0])
+        return t.repeat(reps, *([1] * (t.dim() - 1)))[:size]
+
+    return tree_map(tile, batch)
+
+
+def sample_batch(workload: Workload, data_dir, size: int) -> tuple[Any, Any]:
+    """A micro-batch of ``size`` training samples from the workload's data, as its
+    ``to_device`` gives it, then moved to the meta device."""
+    from torch.utils.data import DataLoader
+
+    train = workload.datasets(data_dir)["train"]
+    first = next(iter(DataLoader(train, batch_size=min(size, len(train)), shuffle=False)))
+    inputs, targets = workload.to_device(tile_batch(first, size), torch.device("cpu"))
+    return to_meta(inputs), to_meta(targets)

@@ -1,0 +1,143 @@
+"""``ddl plan``'s predictions: every candidate layout (ddl.settings.layout_search) with its
+memory per rank (ddl.settings.memory_model on what ddl.worker.plan_probe finds) and its
+step-time estimate; those that do not fit the device are kept with the reason.
+
+Probes are shared between candidates: model state depends on the layout alone, and the
+bytes a stage keeps grow linearly with the micro-batch (measured at 1 and 2 samples, so a
+constant part such as T5's position bias is kept apart), per (tp, pp, checkpointing).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ddl.contract.errors import UsageError
+from ddl.contract.layout import ParallelLayout
+from ddl.contract.workload import Workload
+from ddl.settings import layout_search as search
+from ddl.settings import memory_model as mm
+from ddl.worker import plan_probe as probe
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # cuda, rocm, cpu
+    gpus_per_node: int
+    memory_bytes: int
+    peak_flops: float | None
+    intra_bytes_per_s: float | None
+    inter_bytes_per_s: float | None
+
+
+@dataclass
+class Prediction:
+    candidate: search.Candidate
+    memory_bytes: int = 0  # the fullest rank's
+    model_state_bytes: int = 0
+    activation_bytes: int = 0
+    step_s: float | None = None
+    dropped: str | None = None
+    comm_bytes: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"mesh": c.layout.degrees(), "micro_batch": c.micro_batch,
+                "accumulation": c.accumulation, "activation_checkpointing": c.checkpointing,
+                "pipeline_microbatches": c.microbatches if c.layout.pp > 1 else None,
+                "memory_per_rank_bytes": self.memory_bytes,
+                "model_state_bytes": self.model_state_bytes,
+                "activation_bytes": self.activation_bytes, "step_s": self.step_s,
+                "comm_bytes_per_step": self.comm_bytes, "flags": c.flags(),
+                "dropped": self.dropped}
+
+
+class Planner:
+    def __init__(self, workload: Workload, batch_source: Path, device: Device) -> None:
+        self.workload, self.device = workload, device
+        self.model = probe.meta_model(workload.build_model)  # built once, copied per probe
+        self.cost = probe.optimizer_cost(workload)
+        self.batch_source = batch_source
+        self.flops = workload.flops_per_sample()
+
+    def _copy(self):
+        return copy.deepcopy(self.model)
+
+    @cache  # noqa: B019 - one planner per command
+    def check(self, layout: ParallelLayout) -> str | None:
+        """Why the workload cannot run ``layout`` (heads tp must divide, split points a
+        pipeline needs), or None."""
+        try:
+            if layout.tp > 1:
+                self.workload.prepare_tensor_parallel(self._copy(), layout.tp)
+            if layout.pp > 1:
+                self.workload.pipeline_stages(self._copy(), layout.pp)
+        except UsageError as exc:
+            return str(exc).removeprefix("--mesh: ")
+        return None
+
+    @cache  # noqa: B019
+    def model_states(self, layout: ParallelLayout) -> tuple[list[dict[str, int]], int]:
+        """Per rank model state, and the full parameter bytes of the largest pp rank."""
+        states = probe.model_state_per_rank(self.workload, self._copy(), layout, self.cost)
+        parts = probe.stage_parts(self.workload, self._copy(), layout)
+        full = max(sum(p.itemsize * _numel(p.shape) for p in probe.held_params(ps, {}))
+                   for ps in parts)
+        return states, full
+
+    @cache  # noqa: B019
+    def _probe(self, tp: int, pp: int, checkpointing: str, size: int) -> probe.Activations:
+        if pp > 1:  # cutting first: it may change what batches look like (xsum: untrimmed)
+            self.workload.pipeline_stages(self._copy(), pp)
+        inputs, targets = probe.sample_batch(self.workload, self.batch_source, size)
+        return probe.activation_bytes(self.workload, self._copy(), inputs, targets, tp=tp,
+                                      n_stages=pp, checkpointing=checkpointing)
+
+    def stage_bytes(self, tp: int, pp: int, checkpointing: str, size: int
+                    ) -> tuple[list[float], probe.Activations]:
+        one, two = self._probe(tp, pp, checkpointing, 1), self._probe(tp, pp, checkpointing, 2)
+        return [a + (size - 1) * (b - a) for a, b in zip(one.per_stage, two.per_stage)], one
+
+    def predict(self, c: search.Candidate, global_batch: int) -> Prediction:
+        out = Prediction(c)
+        layout = c.layout
+        why = self.check(layout)
+        if why:
+            out.dropped = why
+            return out
+        states, full = self.model_states(layout)
+        per_forward = c.micro_batch // c.microbatches
+        stages, one = self.stage_bytes(layout.tp, layout.pp, c.checkpointing, per_forward)
+        worst = None
+        for rank, state in enumerate(states):
+            r = layout.coordinates(rank)["pp"]
+            acts = mm.in_flight(search.SCHEDULE, c.microbatches, layout.pp, r) * stages[r]
+            total = mm.device_total(state["model_state_bytes"], int(acts), self.device.kind)
+            if worst is None or total > worst[0]:
+                worst = (total, state["model_state_bytes"], int(acts))
+        out.memory_bytes, out.model_state_bytes, out.activation_bytes = worst
+        d = self.device
+        if out.memory_bytes > d.memory_bytes:
+            out.dropped = (f"needs {gib(out.memory_bytes)} per device, has "
+                           f"{gib(d.memory_bytes)}")
+        out.comm_bytes = search.comm_bytes(c, full, one.rowwise_bytes,
+                                           one.boundary_bytes)
+        if d.peak_flops and self.flops and d.intra_bytes_per_s and d.inter_bytes_per_s:
+            out.step_s = (search.compute_seconds(c, self.flops, global_batch, d.peak_flops)
+                          + search.comm_seconds(c, out.comm_bytes, d.gpus_per_node,
+                                                d.intra_bytes_per_s, d.inter_bytes_per_s))
+        return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / mm.GIB:.1f} GiB"
