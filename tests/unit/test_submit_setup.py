@@ -74,3 +74,20 @@ def test_setup_is_not_forwarded_to_train(capsys):
     train = [line for line in script.splitlines() if "train --site" in line]
     assert len(train) == 1 and "--setup" not in train[0]
     assert "module load x" in script.splitlines()
+
+
+def test_with_setup_the_job_calls_the_ddl_its_setup_provides():
+    """`--setup 'source VENV/bin/activate'` is how a course puts its ddl on PATH; the job
+    then calls that `ddl`, not the submitting venv's by absolute path (issue 42)."""
+    def launch(*args: str) -> str:
+        proc = run_ddl("submit", *LUMI, "--account", "proj", "--dry-run", *args)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("train --site"))
+        return lines[at - 1].removesuffix(" \\") + " " + lines[at].strip()
+
+    assert "/bin/ddl train --site" in launch()  # no setup: this installation's ddl
+    with_setup = launch("--setup", "source /p/venv/bin/activate")
+    assert " ddl train --site" in with_setup and "/bin/ddl" not in with_setup, with_setup
+    chosen = launch("--setup", "module load x", "--ddl-command", "/opt/ddl/bin/ddl")
+    assert "/opt/ddl/bin/ddl train --site" in chosen

@@ -59,7 +59,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plugin", default=S, help="workload plugin (default: mnist)")
     p.add_argument("--strategy", default=S, help="parallelism strategy (default: ddp; with "
                    "--mesh alone: mesh, which composes whatever --mesh names)")
-    p.add_argument("--site", default=S, help="site profile (default: local)")
+    p.add_argument("--site", default=S, help="site profile (default: auto, the profile "
+                   "whose detect rules match this machine, else local)")
     p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
     p.add_argument("--mesh", type=_mesh, default=S, metavar="DIM=N,...",
                    help="parallel degrees by name (pp, dp_replicate, dp_shard, tp; dp = the "
@@ -165,7 +166,8 @@ def make_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--plugin", default=argparse.SUPPRESS, help="workload (default: mnist)")
     prepare.add_argument("--data-dir", type=_directory, default=argparse.SUPPRESS,
                          help="default: the site's (./data)")
-    prepare.add_argument("--site", default=argparse.SUPPRESS, help="default: local")
+    prepare.add_argument("--site", default=argparse.SUPPRESS,
+                         help="default: auto (detected, else local)")
     prepare.add_argument("--preset", default=argparse.SUPPRESS,
                          help="the preset whose data and model files to fetch (default: the "
                               "workload's default; e.g. xsum's t5-large adds its weights)")
@@ -188,7 +190,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="run ddl in this Apptainer/Singularity image (alone: the site "
                              "profile's container.image)")
     submit.add_argument("--ddl-command", help="ddl as the job should call it (default: this "
-                                              "installation's ddl)")
+                                              "installation's ddl; with --setup, `ddl` "
+                                              "from the PATH the setup makes)")
     submit.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                         help="extra #SBATCH option, e.g. --sbatch=--qos=debug (repeatable)")
     submit.add_argument("--setup", action="append", default=[], metavar="LINE",

@@ -56,7 +56,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
         job_name=ns.job_name,
         run_dir=absolute(config.run_dir, "--run-dir") if config.run_dir else None,
-        ddl_command=ns.ddl_command or _this_ddl(), container=image,
+        ddl_command=ns.ddl_command or _this_ddl(ns.setup), container=image,
         extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin, setup=ns.setup,
         data_dir=absolute(Path(config.data_dir), "--data-dir") if config.data_dir else None)
     script = render(site, request)
@@ -104,7 +104,11 @@ def _image(given: str | None, dry_run: bool) -> str | None:
     return given
 
 
-def _this_ddl() -> str:
+def _this_ddl(setup: list[str]) -> str:
+    """This installation's ddl by absolute path; with --setup, `ddl` from the PATH the
+    user's setup makes in the job (the venv or module it activates), not the submitter's."""
+    if setup:
+        return "ddl"
     candidate = Path(sys.executable).with_name("ddl")
     return str(candidate) if candidate.exists() else "ddl"
 
