@@ -63,6 +63,12 @@ _ddl_deps_dir() {
         [ -n "${XDG_CACHE_HOME:-}${HOME:-}" ] || return 0
         root="${XDG_CACHE_HOME:-$HOME/.cache}/ddl/deps"
     fi
+    # Only where hard links from it can reach the venv: on another file system the link
+    # step fails and the cache is dead weight, ~6 GB (in $HOME by default, where JSC's
+    # quotas are small).
+    local near="$root"
+    while [ ! -e "$near" ]; do near="$(dirname "$near")"; done
+    [ "$(stat -c %d "$near")" = "$(stat -c %d "$DDL_VENV")" ] || return 0
     local key
     key="$({ cat "$DDL_ROOT/requirements.lock"
              "$DDL_VENV/bin/python" -c 'import sys; print(sys.version, sys.base_prefix)'
@@ -134,7 +140,17 @@ if [ ! -f "$DDL_VENV/.ddl-installed" ] || \
     _ddl_made=old
     if [ ! -x "$DDL_VENV/bin/python" ]; then
         _ddl_made=new
-        python3 -m venv --without-pip "$DDL_VENV" || _ddl_made=failed
+        # ddl's floor (requires-python in packages/core/pyproject.toml), said here rather
+        # than as pip's "requires a different Python" about some package
+        if ! _ddl_v="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])
+sys.exit(sys.version_info < (3, 10))' 2>/dev/null)"; then
+            echo "ddl: python3 is ${_ddl_v:+Python }${_ddl_v:-missing or broken}; ddl needs" \
+                 "Python >= 3.10: put one first on PATH (e.g. module load Python)" >&2
+            _ddl_made=failed
+        elif ! python3 -m venv --without-pip "$DDL_VENV"; then
+            _ddl_made=failed
+        fi
+        unset _ddl_v
     fi
     if [ "$_ddl_made" = failed ] || ! _ddl_install "$_ddl_made"; then
         echo "ddl: setting up $DDL_VENV failed (above)" >&2
