@@ -39,6 +39,13 @@ JSC = ["submit", "--site", "juwels-booster", "--account", "proj", "--plugin", "m
                                                       "at most 255"]),
     (["--run-dir", "{tmp}/" + "r" * 256], ["--run-dir: ", "a name of 256 bytes"]),
     (["--run-dir", "{tmp}/" + "/".join(["r" * 200] * 20)], ["--run-dir: ", "allowed: at most 3840"]),
+    # issue 41: a layout whose training state alone cannot fit a GPU (t5-3b replicated on
+    # 40 GB A100s); the sharded layout that fits is named
+    (["--plugin", "xsum", "--preset", "t5-3b", "--strategy", "ddp"],
+     ["--strategy ddp: xsum t5-3b (2.85B parameters) needs about 44.5 GiB per GPU",
+      "juwels-booster GPU has 40.0 GiB", "--strategy fsdp (12.6 GiB per GPU", "--force"]),
+    (["--plugin", "xsum", "--preset", "t5-3b", "--mesh", "dp_replicate=4"],
+     ["--strategy mesh: xsum t5-3b", "split 1 ways"]),
     # a symlink loop on the way (issue 43 item 3, for submit too): one line, not pathlib's
     (["--run-dir", "{tmp}/loop/run"], ["--run-dir: cannot resolve", "loop"]),
     (["--data-dir", "{tmp}/loop/data"], ["--data-dir: cannot resolve", "loop"]),
@@ -69,6 +76,9 @@ def test_a_real_submit_writes_nothing(tmp_path, args):
     ["--stop-margin", "3599", "--time", "01:00:00"],
     ["--stop-margin", "0", "--time", "1"],
     ["--strategy", "fsdp", "--strategy-option", "reshard_after_forward=false"],
+    # sharded over the node's 4 GPUs the same model fits; --force overrides the refusal
+    ["--plugin", "xsum", "--preset", "t5-3b", "--strategy", "fsdp"],
+    ["--plugin", "xsum", "--preset", "t5-3b", "--strategy", "ddp", "--force"],
 ])
 def test_what_the_job_can_run_still_renders(tmp_path, args):
     """Paths on a file system this machine lacks (a script rendered for another system)

@@ -203,6 +203,8 @@ def make_parser() -> argparse.ArgumentParser:
                         help="before the time limit: checkpoint, stop and requeue the job "
                              "this many seconds early (default: 300; 0 = off)")
     submit.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    submit.add_argument("--force", action="store_true",
+                        help="submit a layout predicted not to fit the GPUs' memory anyway")
 
     _container_parser(sub)
     _measure_parsers(sub)
@@ -337,7 +339,7 @@ def _container_parser(sub) -> None:
 
 SUBMIT_ONLY = ("nodes", "account", "partition", "time", "gpus_per_node", "job_name",
                "output_dir", "container", "ddl_command", "sbatch", "dry_run", "stop_margin",
-               "setup")
+               "setup", "force")
 
 
 def _check_plugin_parser(sub) -> None:

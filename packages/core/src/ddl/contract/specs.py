@@ -36,6 +36,9 @@ class Preset:
     batch_size: int  # per replica, as the course runs it on one device
     lr: float
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The model's parameter count, where known without building it: lets checks that must
+    #: not import torch (``ddl submit``'s memory check) size the model. None: unknown.
+    parameters: int | None = None
 
 
 def load_factory(path: str | Callable[..., Any]) -> Callable[..., Any]:

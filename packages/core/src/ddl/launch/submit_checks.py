@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ddl.contract.errors import UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, resolve
-from ddl.settings.config import RunConfig, check_names
+from ddl.launch import memory_fit
+from ddl.settings.config import RunConfig, check_names, preset_name
 from ddl.settings.plan import absolute
 from ddl.settings.sites import SiteProfile
 
@@ -30,12 +31,19 @@ def processes_per_node(site: SiteProfile, partition: str | None, gpus: int | Non
 
 
 def check_run(config: RunConfig, plugins, site: SiteProfile, *, nodes: int,
-              partition: str | None, gpus: int | None, data_dir_given: bool) -> None:
-    """Every check; the first mistake raises UsageError (one line)."""
+              partition: str | None, gpus: int | None, data_dir_given: bool,
+              force: bool = False) -> None:
+    """Every check; the first mistake raises UsageError (one line). ``force``: submit a
+    layout predicted not to fit anyway (``--force``)."""
     check_names(config, plugins)  # plugin, strategy, preset
     _strategy_options(config, plugins)
     _gpus(site, config.device, gpus)
-    _mesh(config, nodes * processes_per_node(site, partition, gpus))
+    world = nodes * processes_per_node(site, partition, gpus)
+    _mesh(config, world)
+    if not force:
+        spec = plugins.workload(config.plugin)
+        name = preset_name(config, spec)
+        memory_fit.check(config, spec.presets[name], name, site, world)
     if data_dir_given:  # the default ./data: the job may be submitted from anywhere
         _path_here(Path(config.data_dir or "data"), "--data-dir",
                    f"give an existing directory, or run `ddl prepare --plugin "

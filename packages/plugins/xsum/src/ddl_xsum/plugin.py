@@ -10,12 +10,14 @@ _COURSE = {"max_source_length": 512, "max_target_length": 150, "source_prefix": 
 PRESETS = {
     "course": Preset(
         name="course",
+        parameters=222_903_552,  # the Hub checkpoint's (google-t5)
         summary="the JSC course: pretrained t5-base, inputs 512 / summaries 150 tokens, "
                 "10 epochs, batch 4, AdamW 0.002, StepLR gamma 0.3",
         epochs=10, batch_size=4, lr=2e-3, options={"model": "t5-base", **_COURSE},
     ),
     "t5-small": Preset(
         name="t5-small",
+        parameters=60_506_624,  # the Hub checkpoint's (google-t5)
         summary="the course's setup with pretrained t5-small (60M parameters)",
         epochs=10, batch_size=4, lr=2e-3, options={"model": "t5-small", **_COURSE},
     ),
@@ -23,12 +25,14 @@ PRESETS = {
     # pretrained when `ddl prepare --plugin xsum --preset NAME` fetched them, else random
     "t5-large": Preset(
         name="t5-large",
+        parameters=737_668_096,  # the Hub checkpoint's (google-t5)
         summary="the course's setup with t5-large (738M parameters); pretrained if "
                 "`ddl prepare --preset t5-large` fetched it, else random",
         epochs=10, batch_size=4, lr=2e-3,
         options={"model": "t5-large", "tokenizer": "t5-base", **_COURSE}),
     "t5-3b": Preset(
         name="t5-3b",
+        parameters=2_851_598_336,  # the Hub checkpoint's (google-t5)
         summary="the course's setup with t5-3b (2.9B parameters); pretrained if "
                 "`ddl prepare --preset t5-3b` fetched it, else random",
         epochs=10, batch_size=4, lr=2e-3,
@@ -37,6 +41,7 @@ PRESETS = {
     # (--batch-size from its batch search); no ROUGE: generating summaries is no training
     "throughput": Preset(
         name="throughput",
+        parameters=222_903_552,  # the Hub checkpoint's (google-t5)
         summary="to fill a GPU: the course's t5-base, lengths and AdamW lr, batch 64, no ROUGE",
         epochs=10, batch_size=64, lr=2e-3,
         options={"model": "t5-base", **_COURSE, "rouge": False},
