@@ -38,7 +38,8 @@ def cmd_submit(ns: argparse.Namespace) -> int:
                         "--run-dir": config.run_dir, "--data-dir": config.data_dir,
                         "--resume": config.resume})
     check_run(config, plugins, site, nodes=ns.nodes, partition=ns.partition,
-              gpus=ns.gpus_per_node, data_dir_given=not built.data_dir_is_default)
+              gpus=ns.gpus_per_node, data_dir_given=not built.data_dir_is_default,
+              force=ns.force)
     if config.launcher in ("auto", "local") and not site.uses_slurm:
         raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
                          + ", ".join(n for n in _slurm_sites(plugins)))
