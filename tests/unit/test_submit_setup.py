@@ -91,3 +91,26 @@ def test_with_setup_the_job_calls_the_ddl_its_setup_provides():
     assert " ddl train --site" in with_setup and "/bin/ddl" not in with_setup, with_setup
     chosen = launch("--setup", "module load x", "--ddl-command", "/opt/ddl/bin/ddl")
     assert "/opt/ddl/bin/ddl train --site" in chosen
+
+
+@pytest.mark.parametrize("site, extra", [
+    ("lumi-g", []), ("juwels-booster", []), ("lumi-g", ["--device", "cpu"]),
+    ("lumi-g", ["--setup", "source /p/venv/bin/activate"])])
+def test_a_torch_that_cannot_drive_the_sites_gpus_is_warned_about(site, extra):
+    """Without --container or --setup the job runs this venv's torch; a CUDA torch
+    submitting to LUMI got no word (issue 42). Read without importing torch."""
+    from ddl.launch.environment import build_mismatch, installed_torch
+    from ddl.settings.sites import get_site
+
+    proc = run_ddl("submit", "--site", site, "--plugin", "mnist", "--nodes", "1",
+                   "--account", "proj", "--dry-run", *extra)
+    assert proc.returncode == 0, proc.stderr
+    build = installed_torch()
+    expected = (not extra and build is not None
+                and build_mismatch(build, site, get_site(site).accelerator))
+    warnings = [l for l in proc.stderr.splitlines() if l.startswith("ddl: warning: ")]
+    if expected:
+        assert len(warnings) == 1 and "no --container: the job runs " in warnings[0]
+        assert expected in warnings[0] and "give --container IMAGE" in warnings[0]
+    else:
+        assert warnings == [], proc.stderr

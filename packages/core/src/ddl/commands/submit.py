@@ -66,6 +66,10 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         note = check_target(site, image, config.device)
         if note:
             print(f"ddl: note: {as_one_line(note)}", file=sys.stderr)
+    elif not (ns.setup or ns.ddl_command) and config.device != "cpu":
+        warning = _own_torch_mismatch(site, request.ddl_command)
+        if warning:
+            print(f"ddl: warning: {warning}", file=sys.stderr)
     if ns.dry_run:
         print(script, end="")
         return 0
@@ -103,6 +107,21 @@ def _image(given: str | None, dry_run: bool) -> str | None:
         raise UsageError(f"--container: {given} does not exist; give the path of a built "
                          "image (`ddl container build`)")
     return given
+
+
+def _own_torch_mismatch(site, ddl_command: str) -> str | None:
+    """Without --container or --setup the job runs this installation's ddl and torch: say
+    so when that torch cannot drive the site's GPUs (a login node's venv with PyPI's CUDA
+    torch submitting to LUMI), read from torch/version.py, without importing torch."""
+    from ddl.launch.environment import build_mismatch, installed_torch
+
+    build = installed_torch()
+    why = build and build_mismatch(build, site.name, site.accelerator)
+    if not why:
+        return None
+    return (f"no --container: the job runs {ddl_command} with this installation's torch: "
+            f"{why}; give --container IMAGE (docs/containers.md) or --setup lines that "
+            "activate a fitting environment")
 
 
 def _this_ddl(setup: list[str]) -> str:
