@@ -36,6 +36,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
     """Run the workers; return the exit code of the run (0, or the first failing rank's).
     ``cpu_only``: no rank uses a GPU, so the fork server may be forked from this process
     (``ddl.launch.fork_server``)."""
+    check_loopback()
     if nproc == 1:
         from ddl.worker import control
         from ddl.worker.entry import main as worker_main
@@ -105,6 +106,27 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
         os.environ.pop(LAUNCHER_PID, None)
     return 0
+
+
+def check_loopback() -> None:
+    """Every local run talks over 127.0.0.1 (the rendezvous store, gloo). With the loopback
+    interface down (a container or namespace without network: `apptainer run --net
+    --network none`, `unshare -n`), gloo failed with "Unable to find interface for
+    127.0.0.1" and two processes retried their rendezvous for 3 minutes, printing ~1000
+    lines; one connection to ourselves says so in a millisecond."""
+    import socket
+
+    try:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            socket.create_connection(server.getsockname(), timeout=5).close()
+    except OSError as exc:
+        raise DdlError(f"127.0.0.1 is unreachable here ({exc.strerror or exc}): the loopback "
+                       "interface is down, as in a container or namespace without network "
+                       "(apptainer --network none, unshare -n); local processes talk over "
+                       "it, even one: bring it up (ip link set lo up) or run where it "
+                       "is") from None
 
 
 def _launch_config(nproc: int, max_restarts: int, agent_dir: str):
