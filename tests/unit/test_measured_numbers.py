@@ -126,6 +126,7 @@ def test_tutorial_and_strategies_quote_the_records_runs():
     tutorial, strategies = _page("tutorial.md"), _page("strategies.md")
     first = " and ".join(f"{v:.2f}" for v in per_rank[0])
     assert f"MNIST tiny run (3 epochs, {first}:" in tutorial  # the figure's run
+    assert f"the figure's run: {runs[0]['step_s'] * 1e3:.1f} ms per step" in tutorial
     assert f"Rank 0 read {low_high[0]}, rank 1 {low_high[1]}" in tutorial
     assert f"read {low_high[0]} on the first stage and {low_high[1]} on the second" in strategies
     words = {6: "six"}
