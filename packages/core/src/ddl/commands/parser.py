@@ -29,7 +29,9 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _mesh(text: str) -> dict[str, int]:
+def _mesh(text: str) -> dict[str, int] | str:
+    if text == "auto":  # ddl train: the layout `ddl plan` ranks first (commands/auto_layout)
+        return text
     mesh: dict[str, int] = {}
     for part in text.split(","):
         name, sep, size = part.partition("=")

@@ -39,8 +39,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     preset = spec.presets[preset_name]
     world = ns.nodes * partition.gpus_per_node
     global_batch = ns.global_batch_size or preset.batch_size * world
-    report = _plan(spec, preset, site, partition.gpus_per_node, world, global_batch,
-                   Path(ns.data_dir or site.defaults.data_dir or "data"))
+    report = plan_layouts(spec, preset, site, partition.gpus_per_node, world, global_batch,
+                          Path(ns.data_dir or site.defaults.data_dir or "data"))
     report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes)
     if ns.format == "json":
         print(json.dumps(report, indent=2))
@@ -49,8 +49,12 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
-          data_dir: Path) -> dict:
+def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
+                 data_dir: Path, *, device_kind: str | None = None,
+                 memory_bytes: int | None = None) -> dict:
+    """Every candidate layout with its prediction: ``fits`` ranked best first, ``dropped``
+    with the reason. ``device_kind`` and ``memory_bytes`` default to the site's GPUs (a
+    local CPU run passes ``cpu`` and a rank's share of the machine's memory)."""
     from ddl.contract.context import RunContext
     from ddl.contract.layout import ParallelLayout
     from ddl.contract.world import World
@@ -65,7 +69,8 @@ def _plan(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
                                        device=torch.device("cpu"), backend="gloo"),
         parallel=ParallelLayout(dp_shard=world), epochs=preset.epochs,
         global_batch=global_batch, batch_per_replica=global_batch // world)
-    device = planner.Device(site.accelerator, gpus_per_node, site.device_memory_bytes,
+    device = planner.Device(device_kind or site.accelerator, gpus_per_node,
+                            memory_bytes or site.device_memory_bytes,
                             site.device_peak_flops, site.intra_node_bytes_per_s,
                             site.inter_node_bytes_per_s)
     caps = spec.capabilities
@@ -79,8 +84,11 @@ def _plan(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
         raise UsageError(f"--global-batch-size: {global_batch} does not split over any "
                          f"data-parallel degree of {world} GPUs; allowed: a multiple of "
                          f"{world}")
+    timed = all(p.step_s is not None for p in predictions if not p.dropped)
+    # without a peak FLOP rate and link speeds (a CPU, a site without them) the compute is
+    # the same for every layout of the world: the bytes communicated rank them
     fits = sorted((p for p in predictions if not p.dropped),
-                  key=lambda p: (p.step_s if p.step_s is not None else 0,
+                  key=lambda p: (p.step_s if timed else sum(p.comm_bytes.values()),
                                  # ties: fewer micro-steps, less recomputation, less memory
                                  p.candidate.accumulation,
                                  search.CHECKPOINTING.index(p.candidate.checkpointing),
@@ -88,6 +96,7 @@ def _plan(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
     return {"world": world, "gpus_per_node": gpus_per_node, "global_batch": global_batch,
             "device_memory_bytes": site.device_memory_bytes,
             "model": "ddl.settings.memory_model + ddl.settings.layout_search (docs/plan.md)",
+            "ranked_by": "predicted step time" if timed else "bytes communicated per step",
             "fits": [p.as_dict() for p in fits],
             "dropped": [p.as_dict() for p in predictions if p.dropped]}
 

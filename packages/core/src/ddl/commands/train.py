@@ -24,7 +24,21 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     plugins = Plugins()
     file_values = cfg.load_config_file(ns.config) if "config" in ns else {}
-    plan = run_plan.make_plan(cfg.build(train_flags(ns), file_values, plugins))
+    flags = train_flags(ns)
+    auto = flags.get("mesh") == "auto"  # --mesh auto: the planner's best layout (below)
+    if auto:
+        del flags["mesh"]
+        flags.setdefault("strategy", "mesh")
+    plan = run_plan.make_plan(cfg.build(flags, file_values, plugins))
+    if auto:
+        from ddl.commands import auto_layout
+
+        plan = auto_layout.choose(plan, plugins)
+        chosen = ",".join(f"{d}={n}" for d, n in plan.predicted["mesh"].items() if n > 1)
+        print(f"ddl: --mesh auto: {chosen or '1 process'} (best of "
+              f"{plan.predicted['candidates']} "
+              f"layouts that fit, ranked by {plan.predicted['ranked_by']}; docs/plan.md)",
+              flush=True)
     cfg.check_names(plan.config, plugins)  # a misspelt name: one line before torch loads
     _results_kept(plan.run_dir)
 

@@ -204,6 +204,9 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
     from ddl.settings.sites import detect_profile, get_site
 
     user = {**(file_values or {}), **flags}
+    if user.get("mesh") == "auto":  # ddl train resolves it before it gets here
+        raise UsageError("--mesh auto: only `ddl train` chooses a layout itself; for a job, "
+                         "run `ddl plan` and pass the --mesh it prints")
     try:
         first = RunConfig.model_validate(user)  # validates names and types before lookups
     except ValidationError as exc:

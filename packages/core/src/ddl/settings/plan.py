@@ -67,6 +67,8 @@ class RunPlan(BaseModel):
     data_dir_is_default: bool  # only then may synthetic data be generated into it
     # the pre-flight's results (None where no pre-flight ran: the workers decide then)
     resolved: Resolved | None = None
+    # --mesh auto: what `ddl plan`'s models predicted for the layout chosen (results.json)
+    predicted: dict | None = None
     # the command line that made this plan (results.json's ``command``): a worker's own
     # argv is only ``.../ddl/worker/__main__.py RUN_DIR``
     command: list[str] = Field(default_factory=list)

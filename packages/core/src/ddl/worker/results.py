@@ -38,7 +38,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              compiled: dict[str, Any] | None = None,
              threads: dict[str, Any] | None = None,
              command: list[str] | None = None, tf32: bool = False,
-             checkpoint_stall: dict[str, Any] | None = None) -> dict[str, Any]:
+             checkpoint_stall: dict[str, Any] | None = None,
+             predicted: dict[str, Any] | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -95,6 +96,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
     }
     if profile is not None:
         results["profile"] = profile
+    if predicted is not None:  # --mesh auto: ddl plan's prediction, beside what was measured
+        results["plan"] = {"predicted": predicted}
     results["mfu"] = mfu.summary(workload.flops_per_sample(), summary["samples_per_s"],
                                  world.size, peak_flops, f"site profile {config.site}")
     return results

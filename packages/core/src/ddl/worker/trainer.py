@@ -77,7 +77,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
         profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
         observers.phase("testing")
         document = _finish(run, plugins, begin, epochs, started, profile, used,
-                           peak_flops=plan.site.device_peak_flops, command=plan.command)
+                           peak_flops=plan.site.device_peak_flops, command=plan.command,
+                           predicted=plan.predicted)
     except BaseException as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         observers.close("failed", why)
@@ -89,7 +90,7 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
 def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],
             started: float, profile: dict[str, Any] | None,
             used: dict[str, Any], peak_flops: float | None,
-            command: list[str]) -> dict[str, Any]:
+            command: list[str], predicted: dict[str, Any] | None = None) -> dict[str, Any]:
     """Test, export the full weights and write results.json (rank 0). Every rank calls it:
     the test metrics, memory, weights and per-rank reports are gathered collectively."""
     config, world, workload, strategy, model = (run.config, run.world, run.workload,
@@ -113,7 +114,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         parameters=run.parameters, epochs=epochs, val=epochs[-1]["val"], test=test,
         started=started, finished=time.time(), memory=memory,
         latest_checkpoint=checkpoint.latest(run.run_dir), resumed_from=begin.checkpoint,
-        checkpoint_stall=run.checkpoint_writer().report(),
+        checkpoint_stall=run.checkpoint_writer().report(), predicted=predicted,
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),

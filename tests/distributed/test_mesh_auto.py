@@ -1,0 +1,35 @@
+"""`ddl train --mesh auto` (issue 41) trains with the layout `ddl plan`'s models rank
+first on these 4 local processes, and results.json keeps the prediction (`plan.predicted`)
+beside what the run measured: the layout it ran is the predicted one, and the predicted
+model state of the fullest rank matches the measured one within 5 % (the acceptance's
+rule for model state)."""
+
+import json
+
+import pytest
+
+from conftest import run_ddl
+
+pytestmark = pytest.mark.distributed
+
+
+def test_mesh_auto_runs_the_plans_choice_and_records_it(tmp_path, synthetic_xsum):
+    proc = run_ddl("train", "--plugin", "xsum", "--preset", "tiny", "--nproc", "4",
+                   "--mesh", "auto", "--epochs", "1", "--steps-per-epoch", "2",
+                   "--data-dir", str(synthetic_xsum), "--run-dir", str(tmp_path / "run"),
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ddl: --mesh auto: " in proc.stdout
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    predicted = results["plan"]["predicted"]
+    assert predicted["mesh"] == results["world"]["parallel"]
+    assert predicted["micro_batch"] == results["batch"]["micro"]
+    measured = max(m["model_state_bytes"] for m in results["memory_per_rank"])
+    assert predicted["model_state_bytes"] == pytest.approx(measured, rel=0.05)
+
+
+def test_mesh_auto_is_for_ddl_train_only(tmp_path):
+    proc = run_ddl("submit", "--site", "juwels-booster", "--account", "p", "--mesh", "auto",
+                   "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--mesh auto: only `ddl train` chooses a layout itself" in proc.stderr
