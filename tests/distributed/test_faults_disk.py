@@ -8,6 +8,7 @@ test is skipped and says so: there is no other way to get a real full disk here.
 import subprocess
 
 import pytest
+from small_disk import mounted
 from conftest import assert_one_line_error, run_ddl
 
 pytestmark = pytest.mark.distributed
@@ -15,15 +16,8 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture
 def small_disk(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); a real full disk "
-                    "needs one")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    with mounted(tmp_path / "disk", "300k") as disk:
+        yield disk
 
 
 def _remount(disk, options):

@@ -6,10 +6,10 @@ Needs `mount -t tmpfs` (root, as in CI); where that is refused the test is skipp
 so, as tests/distributed/test_faults_disk.py is.
 """
 
-import subprocess
 import threading
 
 import pytest
+from small_disk import mounted
 
 from ddl.worker.tensorboard_events import open_board
 
@@ -18,15 +18,8 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def small_disk(tmp_path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}); a real full disk "
-                    "needs one")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    with mounted(tmp_path / "disk", "64k") as disk:
+        yield disk
 
 
 def _fill(disk):
