@@ -24,7 +24,8 @@ PAIR = {"torch": "2.0.0+cpu", "torchvision": "0.15.0"}
 
 def _index(root: Path, cuda: bool) -> Path:
     for name, version in PAIR.items():
-        requires = "Requires-Dist: nvidia-cublas-cu12==12.1.3.1\n" if cuda and name == "torch" else ""
+        cuda_dep = cuda and name == "torch"
+        requires = "Requires-Dist: nvidia-cublas-cu12==12.1.3.1\n" if cuda_dep else ""
         wheel = f"{name}-{version}-py3-none-any.whl"
         (root / name).mkdir(parents=True)
         with zipfile.ZipFile(root / name / wheel, "w") as z:
