@@ -56,16 +56,17 @@ def test_run_killed_before_results_finishes_with_resume_auto(tmp_path, synthetic
     assert [r["epoch"] for r in map(json.loads, (run_dir / "metrics.jsonl").open())] == [1]
 
 
-def test_a_setting_the_workers_refuse_leaves_the_run_dir_usable(tmp_path, synthetic_mnist):
-    """fp16 on CPU is found by the workers, after config.json is written; the corrected
-    command then runs in the same directory (it used to say "already holds a run")."""
+def test_a_refused_setting_leaves_the_run_dir_usable(tmp_path, synthetic_mnist):
+    """fp16 on CPU is refused by the pre-flight (which works out the precision for the
+    workers), before the run directory is made; the corrected command then runs in that
+    directory (it once said "already holds a run")."""
     run_dir = tmp_path / "run"
     args = ["train", "--plugin", "mnist", "--preset", "tiny", "--nproc", "1", "--epochs", "1",
             "--steps-per-epoch", "2", "--data-dir", str(synthetic_mnist),
             "--run-dir", str(run_dir)]
     refused = run_ddl(*args, "--precision", "fp16", cwd=tmp_path)
     assert_one_line_error(refused, "--precision", "fp16 needs a GPU")
-    assert (run_dir / "config.json").is_file()  # found after the run directory was made
+    assert not (run_dir / "config.json").exists()  # refused before anything was written
     corrected = run_ddl(*args, cwd=tmp_path)
     assert corrected.returncode == 0, corrected.stdout + corrected.stderr
     assert (run_dir / "results.json").is_file()

@@ -27,16 +27,21 @@ SETTINGS = settings(max_examples=40, deadline=None,
 
 
 @SETTINGS
-@given(data_dir=VALUES, preset=VALUES)
-@example(data_dir="a\rb $(touch PWNED)", preset="x'\n`touch PWNED`")
-def test_run_values_arrive_literally(capsys, tmp_path, data_dir, preset):
+@given(data_dir=VALUES, option=VALUES)
+@example(data_dir="a\rb $(touch PWNED)", option="x'\n`touch PWNED`")
+def test_run_values_arrive_literally(capsys, tmp_path, data_dir, option):
+    # Free text that reaches the job's command line: a data dir on the job's file system
+    # (a top directory this machine lacks, so submit leaves its existence to the job) and
+    # a strategy option's value (its name is checked before the queue, its value in the job)
+    where = f"/nonexistent-fs/{data_dir}"
     script = render(capsys, "--site", "lumi-g", "--nodes", "2", "--plugin", "mnist",
-                    f"--data-dir={data_dir}", f"--preset={preset}")  # "=": values may start with "-"
+                    f"--data-dir={where}",  # "=": values may start with "-"
+                    f"--strategy-option=bucket_cap_mb={option}")
     check_syntax(script)
     proc, args = run_script(script, tmp_path, nodes=["nid1", "nid2"], hosts={"nid1": "10.0.0.1"})
     assert proc.returncode == 0, proc.stderr
-    assert f"--data-dir={Path(data_dir).resolve()}" in args
-    assert f"--preset={preset}" in args
+    assert f"--data-dir={Path(where).resolve()}" in args
+    assert f"--strategy-option=bucket_cap_mb={option}" in args
     assert not (tmp_path / "PWNED").exists() and not Path("PWNED").exists()
 
 

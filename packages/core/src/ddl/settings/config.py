@@ -39,7 +39,9 @@ else:  # pragma: no cover
 #: ends (``--nproc 100000``, ``epochs = 99999999999999999999``); far above any real run.
 MAX_NPROC = 256  # processes per node; the largest nodes ddl knows have 8 GPUs
 MAX_COUNT = 10**9  # epochs, steps, batch sizes
-MAX_LR = 1e3  # above any real learning rate; linear scaling of it stays finite
+# Far above any real learning rate, yet finite when linearly scaled: a diverging run is
+# stopped by the step guard in one line (tests/distributed/test_reliability.py uses 1e30)
+MAX_LR = 1e30
 MAX_SECONDS = 86400  # timeouts: a day
 #: The shortest --hang-timeout that works: its heartbeat's store connection must come up
 #: within it (0.001 s failed every run with the store's C++ error).
