@@ -4,10 +4,8 @@ number measured on a quiet machine reads as a broken setup to someone whose mach
 busy; one that names the machine and the load, or gives the range seen under load, does
 not. Pure text, well under a second.
 
-The user pages below are checked. Not here: docs/testing.md (a log of CI runs whose rows
-record their own load), and pages that other work is editing at the time of writing
-(checkpoints, measuring, plugin-authors, slurm, containers, site-guides): add them to
-PAGES once their timings carry their conditions."""
+The user pages below are checked. Not here: docs/testing.md, a developers' log of CI runs
+whose rows record their own load."""
 
 from __future__ import annotations
 
@@ -23,7 +21,10 @@ DOCS = REPO / "docs"
 PAGES = sorted(
     [DOCS / name for name in ("index.md", "getting-started.md", "tutorial.md", "concepts.md",
                               "strategies.md", "layout.md", "training-at-scale.md",
-                              "course-parity.md", "scaling-study.md", "gpus-per-process.md")]
+                              "course-parity.md", "scaling-study.md", "gpus-per-process.md",
+                              "checkpoints.md", "measuring.md", "slurm.md",
+                              "plugin-authors.md", "containers.md", "site-guides.md",
+                              "plan.md", "results.md", "sites.md", "architecture.md")]
     + list((DOCS / "workloads").glob("*.md")) + list((DOCS / "examples").glob("*/README.md")))
 
 # "about 35 s", "~1.5 min", "~30-40 s", "about 5 s per epoch"
