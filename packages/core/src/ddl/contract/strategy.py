@@ -51,6 +51,12 @@ class StrategyContext:
     mesh: Any = None
     #: Its data-parallel ranks as one dimension (``dp``: dp_replicate x dp_shard flattened).
     dp_mesh: Any = None
+    #: Set when the worker built the model on the meta device (only for a strategy whose
+    #: :meth:`Strategy.builds_on_meta` said yes): ``wrap`` calls it on each module this
+    #: rank keeps, after sharding or splitting it and before anything reads its values.
+    #: It allocates the module on the device and fills it with the values one process
+    #: would have (ddl.worker.materialize). None: the model arrives built and on the CPU.
+    materialize: Any = None
 
 
 class Strategy(ABC):
@@ -147,6 +153,12 @@ class Strategy(ABC):
     def wrap(self, model: nn.Module, run: StrategyContext) -> nn.Module:
         """Place ``model`` on ``run.world.device`` and parallelise it; what the parallelism
         must remember between steps belongs on the returned module."""
+
+    def builds_on_meta(self, run: StrategyContext) -> bool:
+        """Whether ``wrap`` takes a model built on the meta device (no memory, no values)
+        and calls ``run.materialize`` on what this rank keeps: a rank then never holds
+        the whole model. Default False: ``wrap`` gets the model built on the CPU."""
+        return False
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module
                           ) -> torch.optim.Optimizer:

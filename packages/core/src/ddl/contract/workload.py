@@ -169,6 +169,15 @@ class Workload(ABC):
         asked for. Default: :meth:`lr_factor` of the step's epoch."""
         return self.lr_factor(step // self.context.steps_per_epoch)
 
+    def pretrained_weights(self) -> Path | None:
+        """A directory of pretrained weights in Hugging Face's safetensors format
+        (``model.safetensors`` or a sharded ``model.safetensors.index.json``) whose tensor
+        names are the state-dict names of :meth:`build_model`'s model; None (the default):
+        the built values are the initial weights. ddl loads them after the build, each
+        rank reading only the tensors it keeps (ddl.worker.materialize). Tensors the file
+        lacks keep the built values; tied weights may be stored under any of their names."""
+        return None
+
     # --- measurement and parallelism hints ------------------------------------------------
     def flops_per_sample(self) -> float | None:
         """Training FLOPs (forward + backward) per sample, for MFU; None if unknown."""

@@ -26,7 +26,7 @@ from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
 from ddl.settings.plan import Resolved
 from ddl.worker import (activation_checkpointing, build_memory, checkpoint, compiling,
-                         lr_schedule, mesh, sync_bn)
+                         lr_schedule, mesh, model_build, sync_bn)
 from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
@@ -259,8 +259,9 @@ def _build_model(config: RunConfig, world: World, workload: Workload, strategy: 
                  parallel: StrategyContext) -> tuple[torch.nn.Module, int]:
     """The workload's model with the block options applied and wrapped by the strategy;
     and its parameter count, taken before wrapping (a pipeline rank keeps only its own
-    stages afterwards)."""
-    model = workload.build_model()
+    stages afterwards). Built on the meta device where the strategy splits the model
+    (ddl.worker.model_build), else on the CPU; pretrained weights loaded either way."""
+    model, materializer = model_build.build(workload, strategy, parallel, world)
     if workload.channels_last and world.device.type == "cuda":  # before DDP's buckets
         model = model.to(memory_format=torch.channels_last)
     if config.sync_bn:  # before wrapping: strategies shard or split what they are given
@@ -272,7 +273,10 @@ def _build_model(config: RunConfig, world: World, workload: Workload, strategy: 
         if config.compile:
             compiling.apply(units)
     parameters = sum(p.numel() for p in model.parameters())
-    return strategy.wrap(model, parallel), parameters
+    wrapped = strategy.wrap(model, replace(parallel, materialize=materializer))
+    if materializer is not None:
+        model_build.check_materialized(wrapped, strategy)
+    return wrapped, parameters
 
 
 def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,

@@ -103,6 +103,12 @@ class MeshStrategy(Strategy):
         return p.dp_replicate > 1 and p.dp_shard == p.tp == p.pp == 1
 
     # --- building ----------------------------------------------------------------------
+    def builds_on_meta(self, run: StrategyContext) -> bool:
+        """Whenever the layout splits the model (FSDP, tensor parallel, pipeline): each
+        rank then allocates only what it keeps. Whole replicas (one process, DDP) are
+        built on the CPU as before: every rank holds all of it anyway."""
+        return run.world.size > 1 and not self._replicate_only(run)
+
     def wrap(self, model: nn.Module, run: StrategyContext) -> nn.Module:
         p, workload, world = run.layout, run.workload, run.world
         if world.size == 1:  # nothing to split: the model as a single process trains it
@@ -122,7 +128,8 @@ class MeshStrategy(Strategy):
         else:
             parts = [model]
         for part in parts:
-            part.to(world.device)
+            if run.materialize is None:  # built on the CPU: move, then split
+                part.to(world.device)
             if p.tp > 1:
                 from ddl_strategies.tp import apply_tensor_parallel
 
@@ -133,6 +140,8 @@ class MeshStrategy(Strategy):
                     mesh["dp_replicate", "dp_shard"]
                 fsdp.shard(part, [u for u in units if id(u) in held], dp_mesh,
                            reshard=self._reshard, options=self.options)
+            if run.materialize is not None:  # built on meta: allocate and fill my part
+                run.materialize(part)
         if p.pp == 1:
             return model
         schedule, _ = pipeline.schedule_choice(self.options)

@@ -152,6 +152,9 @@ class XsumWorkload(Workload):
     def datasets(self, data_dir: Path) -> dict[str, Dataset]:
         _go_offline()
         import datasets as hf_datasets
+        # imported now, not in build_model: results.json's build peak is the model's,
+        # not the library's (~60 MB of code and objects)
+        import transformers.models.t5.modeling_t5  # noqa: F401
 
         tok = self.tokenizer(data_dir)
         ddict = hf_datasets.load_from_disk(str(data.dataset_dir(data_dir)), keep_in_memory=True)
@@ -195,14 +198,32 @@ class XsumWorkload(Workload):
             config = data.t5_config(self.model_name, len(self.tokenizer(self._data_dir)))
             config.use_cache = False
             return self._remember_vocab(T5ForConditionalGeneration(config))
-        if not synthetic and self.model_name in {**data.HUB_MODELS, **data.LARGE_HUB_MODELS}:
+        if self._weights(where) is None and not synthetic \
+                and self.model_name in {**data.HUB_MODELS, **data.LARGE_HUB_MODELS}:
+            # weights in an older format than safetensors: Hugging Face loads them whole.
             # use_cache=False as in the course: no key/value cache during training.
             model = T5ForConditionalGeneration.from_pretrained(
                 where, use_cache=False, dtype=torch.float32, local_files_only=True)
-        else:  # a config only: random initialisation (seeded alike on every rank)
+        else:  # the architecture from the config; random initialisation (seeded alike on
+            # every rank), replaced by the pretrained weights ddl then loads, each rank only
+            # its shard (pretrained_weights; ddl.worker.materialize)
             config = T5Config.from_pretrained(where, use_cache=False, local_files_only=True)
             model = T5ForConditionalGeneration(config)
         return self._remember_vocab(model)
+
+    def pretrained_weights(self) -> Path | None:
+        """The model directory's safetensors (t5-base/-small as ``ddl prepare`` saved them,
+        or weights a user or test put beside a synthetic config), else None."""
+        if self._data_dir is None or not data.xsum_dir(self._data_dir).is_dir():
+            return None
+        synthetic = data.is_synthetic(self._data_dir)
+        return self._weights(str(data.model_dir(self._data_dir, self.model_name, synthetic)))
+
+    @staticmethod
+    def _weights(where: str) -> Path | None:
+        found = any((Path(where) / name).is_file()
+                    for name in ("model.safetensors", "model.safetensors.index.json"))
+        return Path(where) if found else None
 
     def _random_large(self, synthetic: bool, where: str) -> bool:
         """A bigger model (t5-large, t5-3b) whose weights ``ddl prepare`` did not fetch."""
