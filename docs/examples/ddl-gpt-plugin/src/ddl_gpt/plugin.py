@@ -11,6 +11,14 @@ PRESETS = {
         options={"blocks": 4, "d_model": 64, "heads": 4, "context": 64,
                  "train_chars": 200_000, "eval_chars": 20_000},
     ),
+    "wide": Preset(
+        name="wide",
+        summary="for the meta-device build check: 8 blocks, d_model 1024 (~100M parameters, "
+                "400 MB in fp32), 16 heads, context 32",
+        epochs=1, batch_size=8, lr=3e-4,
+        options={"blocks": 8, "d_model": 1024, "heads": 16, "context": 32,
+                 "train_chars": 8_000, "eval_chars": 1_600},
+    ),
     "tiny": Preset(
         name="tiny",
         summary="for CPU tests: 2 blocks, d_model 32, 4 heads, context 16",

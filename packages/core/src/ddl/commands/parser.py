@@ -111,6 +111,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=S, help="DataLoader workers per process")
     p.add_argument("--steps-per-epoch", type=int, default=S,
                    help="cap on training steps per epoch (quick checks)")
+    p.add_argument("--eval-samples", type=int, default=S, metavar="N",
+                   help="validate and test on the first N samples of each split "
+                        "(quick checks; default: all)")
     p.add_argument("--log-every", type=int, default=S, help="steps between progress lines")
     p.add_argument("--check-every", type=int, default=S, metavar="STEPS",
                    help="steps between checks for a non-finite loss or a stop request "

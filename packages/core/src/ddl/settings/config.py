@@ -109,6 +109,9 @@ class RunConfig(BaseModel):
                                 description="DataLoader workers per process")
     steps_per_epoch: int | None = Field(None, ge=1, le=MAX_COUNT,
                                         description="cap on training steps per epoch")
+    eval_samples: int | None = Field(None, ge=1, le=MAX_COUNT,
+                                     description="validate and test on the first N samples "
+                                                 "of each split (default: all)")
     log_every: int = Field(50, ge=1, le=MAX_COUNT, description="steps between progress lines")
     check_every: int = Field(
         10, ge=1, le=MAX_COUNT, description="optimizer steps between the checks for a "

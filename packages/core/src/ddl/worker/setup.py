@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
 from ddl.contract.context import RunContext
 from ddl.contract.errors import UsageError
@@ -216,6 +217,9 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                          micro_batch=layout.micro_batch, accumulation=layout.accumulation)
     workload.context = context
     splits = workload.datasets(data_dir)
+    if config.eval_samples is not None:  # --eval-samples: a quick check's evaluation
+        splits.update({s: Subset(splits[s], range(min(config.eval_samples, len(splits[s]))))
+                       for s in ("val", "test")})
 
     pin = world.device.type == "cuda"
     dp_rank, dp_size = mesh.data_shard(parallel.dp_mesh)

@@ -172,8 +172,9 @@ class MeshStrategy(Strategy):
     def generation_model(self, model: nn.Module, run: StrategyContext) -> nn.Module | None:
         """Replicas: the model itself. Tensor parallel alone: None (generate on the sharded
         model, all ranks on the same inputs; a gathered copy would cost a whole model per
-        rank). Otherwise a plain copy gathered from the shards or stages
-        (ddl_strategies.gathered)."""
+        rank). FSDP layouts: the same on the shards when a whole copy would not fit
+        (option ``generation``, ddl_strategies.fsdp.gather_for_generation). Otherwise a
+        plain copy gathered from the shards or stages (ddl_strategies.gathered)."""
         from ddl_strategies.gathered import gathered_copy, plain_copy
 
         p = run.layout
@@ -183,6 +184,8 @@ class MeshStrategy(Strategy):
             return plain_copy(run.workload, self.full_state_dict(model, run), run.world.device)
         if p.tp > 1 and p.dp == 1:
             return None
+        if not fsdp.gather_for_generation(model, self.options, run.world.device):
+            return None  # on the shards: every rank the same inputs
         return gathered_copy(run.workload, model, run.world.device)
 
     # --- results -----------------------------------------------------------------------

@@ -53,11 +53,20 @@ OPTIONS_HELP = {"reshard_after_forward": "free gathered parameters after forward
                 "param_dtype": "dtype of gathered parameters and compute: fp32, bf16, "
                                "fp16 (default fp32)",
                 "reduce_dtype": "dtype of the gradient reduce-scatter: fp32, bf16, fp16 "
-                                "(default: param_dtype)"}
+                                "(default: param_dtype)",
+                "generation": "a workload's whole-model loop after training (xsum's ROUGE "
+                              "generate): gather (a whole copy per rank), sharded (on the "
+                              "shards, every rank the same inputs), auto (default: gather "
+                              "when a copy fits in half the free memory)"}
+GENERATION = ("auto", "gather", "sharded")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def check_options(options: dict[str, str]) -> None:
+    generation = options.get("generation", "auto")
+    if generation not in GENERATION:
+        raise UsageError(f"--strategy-option: generation={generation!r}; allowed: "
+                         f"{', '.join(GENERATION)}")
     for name in ("param_dtype", "reduce_dtype"):
         value = options.get(name)
         if value is not None and value not in DTYPES:
@@ -90,3 +99,41 @@ def report(options: dict[str, str], reshard: bool) -> dict[str, object]:
     return {"reshard_after_forward": reshard,
             "param_dtype": options.get("param_dtype", "fp32"),
             "reduce_dtype": options.get("reduce_dtype", options.get("param_dtype", "fp32"))}
+
+
+def gather_for_generation(model: nn.Module, options: dict[str, str], device: torch.device
+                          ) -> bool:
+    """Whether a whole-model loop gets a gathered copy (True) or runs on the shards (False:
+    the root's own parameters are then unsharded here, since ``generate()`` calls the
+    encoder directly, past the root forward through which FSDP2 gathers them). ``auto``
+    gathers when the whole model's parameters take at most half the memory free to this
+    rank: the device's, or on a CPU the node's available memory shared by its ranks (a
+    t5-large copy on each of 4 CPU ranks would not fit a 24 GB node beside training)."""
+    choice = options.get("generation", "auto")
+    if choice == "auto":
+        seen, whole = set(), 0
+        for param in model.parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                whole += param.numel() * param.element_size()  # a DTensor's global size
+        choice = "gather" if whole <= 0.5 * _free_bytes(device) else "sharded"
+    if choice == "sharded":
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(model, FSDPModule):
+            model.unshard()
+    return choice == "gather"
+
+
+def _free_bytes(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0])
+    import os
+
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return float("inf")  # unknown: gather, as before
+    return available / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
