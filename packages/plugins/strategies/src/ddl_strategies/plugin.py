@@ -8,7 +8,7 @@ CONTRACT = "2"  # ddl.contract.CONTRACT_VERSION's major these strategies target
 # The --strategy-option keys of each class (its options_help), named here without torch so
 # that `ddl submit` can check them before the queue (tests/unit/test_submit_preflight.py).
 DDP = frozenset({"bucket_cap_mb"})
-FSDP = frozenset({"reshard_after_forward", "param_dtype", "reduce_dtype"})
+FSDP = frozenset({"reshard_after_forward", "param_dtype", "reduce_dtype", "generation"})
 PIPELINE = frozenset({"schedule", "stages_per_rank"})
 
 

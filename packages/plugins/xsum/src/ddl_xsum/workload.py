@@ -33,10 +33,10 @@ from torch.utils.data import Dataset
 
 from ddl.contract.fast_optim import fused_on_gpu
 from ddl.contract.workload import Workload
-from ddl_xsum import data
+from ddl_xsum import data, model_files
+from ddl_xsum.model_files import T5_VOCABULARY
 
 SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
-T5_VOCABULARY = 32128  # the released T5 checkpoints' embedding rows
 
 
 def _go_offline() -> None:
@@ -180,55 +180,12 @@ class XsumWorkload(Workload):
             raise RuntimeError("XsumWorkload.build_model() needs datasets() first (it reads "
                                "the tokenizer and model files from the data directory)")
         _go_offline()
-        from transformers import T5Config, T5ForConditionalGeneration
-
-        if not data.xsum_dir(self._data_dir).is_dir():
-            # no data at all (`ddl plan`, a submit's fit check; a run's pre-flight wants
-            # data first): the architecture alone, with T5's released vocabulary
-            config = data.t5_config(self.model_name, T5_VOCABULARY)
-            config.use_cache = False
-            return self._remember_vocab(T5ForConditionalGeneration(config))
-        synthetic = data.is_synthetic(self._data_dir)
-        where = str(data.model_dir(self._data_dir, self.model_name, synthetic))
-        if self._random_large(synthetic, where):
-            if self.context is None or self.context.world.rank == 0:
-                print(f"ddl: xsum: no pretrained {self.model_name} in {where} (`ddl prepare "
-                      f"--plugin xsum --preset {self.model_name}` fetches it on a login "
-                      "node); training from random initialisation", flush=True)
-            config = data.t5_config(self.model_name, len(self.tokenizer(self._data_dir)))
-            config.use_cache = False
-            return self._remember_vocab(T5ForConditionalGeneration(config))
-        if self._weights(where) is None and not synthetic \
-                and self.model_name in {**data.HUB_MODELS, **data.LARGE_HUB_MODELS}:
-            # weights in an older format than safetensors: Hugging Face loads them whole.
-            # use_cache=False as in the course: no key/value cache during training.
-            model = T5ForConditionalGeneration.from_pretrained(
-                where, use_cache=False, dtype=torch.float32, local_files_only=True)
-        else:  # the architecture from the config; random initialisation (seeded alike on
-            # every rank), replaced by the pretrained weights ddl then loads, each rank only
-            # its shard (pretrained_weights; ddl.worker.materialize)
-            config = T5Config.from_pretrained(where, use_cache=False, local_files_only=True)
-            model = T5ForConditionalGeneration(config)
-        return self._remember_vocab(model)
+        return self._remember_vocab(model_files.build(self, self._data_dir))
 
     def pretrained_weights(self) -> Path | None:
         """The model directory's safetensors (t5-base/-small as ``ddl prepare`` saved them,
         or weights a user or test put beside a synthetic config), else None."""
-        if self._data_dir is None or not data.xsum_dir(self._data_dir).is_dir():
-            return None
-        synthetic = data.is_synthetic(self._data_dir)
-        return self._weights(str(data.model_dir(self._data_dir, self.model_name, synthetic)))
-
-    @staticmethod
-    def _weights(where: str) -> Path | None:
-        found = any((Path(where) / name).is_file()
-                    for name in ("model.safetensors", "model.safetensors.index.json"))
-        return Path(where) if found else None
-
-    def _random_large(self, synthetic: bool, where: str) -> bool:
-        """A bigger model (t5-large, t5-3b) whose weights ``ddl prepare`` did not fetch."""
-        return (not synthetic and self.model_name in data.LARGE_HUB_MODELS
-                and not Path(where).exists())
+        return model_files.pretrained_weights(self.model_name, self._data_dir)
 
     def _remember_vocab(self, model: nn.Module) -> nn.Module:
         self._vocab_size = model.config.vocab_size
