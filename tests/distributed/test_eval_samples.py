@@ -36,3 +36,14 @@ def test_eval_samples_limits_evaluation_only(tmp_path, synthetic_mnist, rank_poo
     else:
         assert sizes["val"] == sizes["test"] == limit
     assert sizes["train"] > 7
+
+
+def test_a_workloads_test_report_reads_the_limited_split(tmp_path, synthetic_xsum, rank_pools):
+    """xsum's ROUGE reads its test set's own fields (the reference summaries): the limited
+    split still has them, and ROUGE is computed over the first N articles."""
+    from pool_train import train_cell
+
+    args = ["--plugin", "xsum", "--preset", "tiny", "--data-dir", str(synthetic_xsum),
+            "--epochs", "1", "--steps-per-epoch", "1", "--eval-samples", "3"]
+    results = rank_pools[1].run(train_cell, prepare(args, tmp_path / "run", 1))[0]["results"]
+    assert "rouge1" in results["final"]["test"]

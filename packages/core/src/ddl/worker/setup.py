@@ -218,7 +218,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     workload.context = context
     splits = workload.datasets(data_dir)
     if config.eval_samples is not None:  # --eval-samples: a quick check's evaluation
-        splits.update({s: Subset(splits[s], range(min(config.eval_samples, len(splits[s]))))
+        splits.update({s: _First(splits[s], range(min(config.eval_samples, len(splits[s]))))
                        for s in ("val", "test")})
 
     pin = world.device.type == "cuda"
@@ -257,6 +257,17 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                val_loader=val_loader, test_loader=test_loader,
                saved_tensors=None if config.compile else SavedTensorMeter(),
                build_peak_bytes=build_peak.bytes)
+
+
+class _First(Subset):
+    """The first n samples of a split (--eval-samples). Other attributes are the data set's:
+    a workload's test_report may read fields of its own (xsum's ``summaries``), and index i
+    still names the same sample."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("dataset", "indices"):
+            raise AttributeError(name)  # unpickling: before dataset exists
+        return getattr(self.dataset, name)
 
 
 def _build_model(config: RunConfig, world: World, workload: Workload, strategy: Strategy,
