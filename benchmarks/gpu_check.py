@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 from gpu_kit import checks as plan_  # noqa: E402
+from gpu_kit import plan_memory  # noqa: E402
 from gpu_kit import comparison, report, runner, wheels  # noqa: E402
 from machine import describe  # noqa: E402
 
@@ -229,6 +230,12 @@ class Kit:
             check, run_dir / "results.json", gpu=self.gpu, matmul_peak=self.matmul_peak,
             nvml_peak=memory.peak, nvml_baseline=memory.baseline)
         numbers["nvml_source"] = memory.source
+        if check.name.startswith("course-"):  # the plan's memory beside the measured
+            predicted, why = plan_memory.compare(
+                self.ddl(), run_dir / "results.json", site=self.args.site,
+                data_dir=self.work / "data" / check.data, env=self.env, cwd=self.work)
+            numbers.update(predicted)
+            note = "; ".join(filter(None, [note, why and f"plan: {why}"])) or None
         if problems:
             return self.record(check.name, "fail", outcome.seconds, numbers,
                                "; ".join(problems), note=note, command=command)

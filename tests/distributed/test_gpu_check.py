@@ -74,7 +74,12 @@ def _training_checks_report_what_ran_and_the_measurements(doc):
         assert n["mfu_vs_profile_peak"] == pytest.approx(n["achieved_flops_per_device"]
                                                          / n["profile_peak_flops"])
         assert 0 < n["model_state_bytes"] < n["peak_rss_bytes"]
-    assert by_name["course-mnist-bf16-r1"]["numbers"]["preset"] == "course"
+    course = by_name["course-mnist-bf16-r1"]["numbers"]
+    assert course["preset"] == "course"
+    # `ddl plan`'s prediction beside the measurement (on a CPU: model state + activations)
+    assert course["plan_predicted_bytes"] > 0 and course["plan_measured_bytes"] > 0
+    assert course["plan_measured_over_predicted"] == pytest.approx(
+        course["plan_measured_bytes"] / course["plan_predicted_bytes"])
     assert by_name["profile-mnist"]["numbers"]["profile_op_time_s"] > 0
     loader = by_name["loader-pinned"]["numbers"]
     assert loader["unpinned_batches_per_s"] > 0 and loader["unpinned_arrived_pinned"] is False
