@@ -147,13 +147,21 @@ class Recording:
         them, keeping the generator's state before each; afterwards the generator stands
         where a plain build would have left it. Memory: one tensor at a time."""
         generator = torch.default_generator
-        for index, op in enumerate(self.ops):
-            if not op.seeded:
-                continue
+        seeded = [(index, op) for index, op in enumerate(self.ops) if op.seeded]
+        # One scratch buffer for all of them, carved per operation: a fresh tensor per
+        # operation left the heap fragmented (a t5-large rank grew by 4.6 GB, not 0.1).
+        size = max((sum(_aligned(self.storage_bytes[s]) for s in op.reads)
+                    for _, op in seeded), default=0)
+        pool = torch.empty(size, dtype=torch.uint8)
+        for index, op in seeded:
             self._states[index] = generator.get_state()
-            scratch = {s: _scratch(self.storage_bytes[s], self.storage_dtype[s])
-                       for s in op.reads}
+            scratch, offset = {}, 0
+            for s in sorted(op.reads):
+                nbytes = self.storage_bytes[s]
+                scratch[s] = pool[offset:offset + nbytes].view(self.storage_dtype[s])
+                offset += _aligned(nbytes)
             _run(op, scratch)
+        del pool
         self._final_state = generator.get_state()
 
     def value(self, storage: int) -> torch.Tensor:
@@ -187,8 +195,8 @@ class Recording:
         return needed
 
 
-def _scratch(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty(nbytes // dtype.itemsize, dtype=dtype)
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
 
 
 def _run(op: _Op, buffers: dict[int, torch.Tensor]) -> None:
