@@ -5,9 +5,10 @@ The Apptainer is Debian sid's 1.4, provided on this Debian 12 machine by
 `Bootstrap: localimage` base: registries are unreachable here). Both, and the offline
 wheelhouse, are cached outside the checkout (tests/system/build_cache.py: ~/.cache/ddl,
 keyed by the provider script and by requirements.lock), so a fresh clone on the same
-machine reuses them. Session scope: every system test file that asks for `image` shares
-the same build (it takes minutes on 2 cores); under pytest-xdist they share one worker
-(the `container` xdist group).
+machine reuses them. Every system test that asks for `image` shares the same build (it
+takes minutes on 2 cores), made once per run for all pytest-xdist workers; the container
+tests share one worker (the `container` xdist group), and the Slurm tests' worker waits
+for the build when one of them runs the image.
 
 Which torch: the image is the CPU image, so it gets a CPU build of torch. PyTorch's CPU
 index (the definition's default) is unreachable here; the only CPU torch on this machine
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from conftest import DDL, REPO, run_bounded
+from shared_data import written_once
 
 from .build_cache import apt_turn, cache_root, entry, held, prune_other_wheelhouses
 
@@ -45,6 +47,10 @@ CPU_TORCH = ("torch==2.13.0+cpu", "torchvision==0.28.0")
 CUDA_WHEELS = ("torch-", "torchvision-", "nvidia_", "triton-", "cuda_")
 # Tests that use these share this module's session fixtures (one Apptainer, one image).
 BUILD_FIXTURES = {"runtime_env", "cpu_wheelhouse", "image"}
+# Of those, the ones any worker may use: the image is built once per run for all workers
+# (shared_data.written_once; the first to ask builds it, the others wait on its lock), and
+# the provided Apptainer is a cache entry. So a Slurm test can run the image (test_slurm.py).
+ANY_WORKER = {"runtime_env", "image"}
 # The first of them may fill a cold cache: 361 s with the image build at load 5-6 (warm:
 # 91 s; docs/testing.md); this allows 6x that.
 COLD_CACHE_LIMIT_S = 2400
@@ -87,7 +93,8 @@ def pytest_collection_modifyitems(items):
         if not item.path.is_relative_to(Path(__file__).parent):
             continue
         used, group = set(item.fixturenames), worker_group(item.nodeid)
-        for fixtures, wanted in (({"slurm"}, "slurm"), (BUILD_FIXTURES, "container")):
+        for fixtures, wanted in (({"slurm"}, "slurm"), (BUILD_FIXTURES - ANY_WORKER,
+                                                         "container")):
             if fixtures & used and group != wanted:
                 raise pytest.UsageError(f"{item.nodeid} uses {sorted(fixtures & used)}: add "
                                         f"its file to WORKER_GROUPS as {wanted!r} in "
@@ -152,22 +159,41 @@ def cpu_wheelhouse(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def image(runtime_env, cpu_wheelhouse, tmp_path_factory) -> Path:
+def image(runtime_env, request, tmp_path_factory) -> Path:
     """The CPU image, built through `ddl container build` as docs/containers.md says
     (wheelhouse by scripts/build-wheelhouse.sh --torch --offline: no package index), its
-    `%test` left to `apptainer test` in test_container.py rather than run twice."""
-    sif = tmp_path_factory.mktemp("image") / "ddl-cpu.sif"
-    # run_bounded as run_ddl(fresh=True) would, ahead of the other tests (first_in_line)
-    build = run_bounded(first_in_line([
-        DDL, "container", "build", "--target", "cpu", "--base", str(BASE),
-        "--wheelhouse", str(cpu_wheelhouse), "--offline", "--no-compress",
-        "--no-test",  # the image's %test runs in test_apptainer_test_runs_the_smoke_check
-        "--build-arg", "TORCH=" + " ".join(CPU_TORCH), "--output", str(sif)]),
-        cwd=REPO, env={**runtime_env, "OMP_NUM_THREADS": "1"}, timeout=2400)
-    assert build.returncode == 0, build.stderr[-5000:]
-    assert f"ddl: built {sif}" in build.stdout
-    yield sif
-    sif.unlink(missing_ok=True)  # gigabytes
+    `%test` left to `apptainer test` in test_container.py rather than run twice. Built
+    once per run for every pytest-xdist worker (the Slurm tests' worker runs it too) and
+    removed at the run's end (pytest_sessionfinish below): gigabytes."""
+
+    def build(folder: Path) -> None:
+        wheelhouse = request.getfixturevalue("cpu_wheelhouse")  # only where it is built
+        sif = folder / IMAGE_FILE
+        # run_bounded as run_ddl(fresh=True) would, ahead of the other tests (first_in_line)
+        done = run_bounded(first_in_line([
+            DDL, "container", "build", "--target", "cpu", "--base", str(BASE),
+            "--wheelhouse", str(wheelhouse), "--offline", "--no-compress",
+            "--no-test",  # the image's %test runs in test_apptainer_test_runs_the_smoke_check
+            "--build-arg", "TORCH=" + " ".join(CPU_TORCH), "--output", str(sif)]),
+            cwd=REPO, env={**runtime_env, "OMP_NUM_THREADS": "1"}, timeout=2400)
+        assert done.returncode == 0, done.stderr[-5000:]
+        assert f"ddl: built {sif}" in done.stdout
+
+    return written_once(tmp_path_factory, IMAGE_DIR, build) / IMAGE_FILE
+
+
+IMAGE_DIR, IMAGE_FILE = "image", "ddl-cpu.sif"
+
+
+def pytest_sessionfinish(session):
+    """The shared image goes once no test can use it any more: in pytest-xdist's controller
+    after every worker ended (their run directory is its base directory), or in the one
+    pytest process without xdist."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None:
+        shutil.rmtree(factory.getbasetemp() / f"shared-{IMAGE_DIR}", ignore_errors=True)
 
 
 CHROMIUM_PACKAGES = ("chromium", "chromium-driver")  # Debian's; chromedriver is the driver's

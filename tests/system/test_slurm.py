@@ -10,7 +10,9 @@ Covered:
 - JSC's failure (pytorch#73656) reproduced with a hand-written job: plain torchrun with
   --rdzv_endpoint=node1i:PORT fails, the same job with is_host/--local_addr trains;
 - a rendezvous host that does not resolve (sites/local-slurm-nosuch.toml) stops the job
-  at once with one line, before any worker starts.
+  at once with one line, before any worker starts;
+- a hand-written `srun ... apptainer run IMAGE train --site lumi` (the CPU image of
+  tests/system/conftest.py) gets LUMI's job environment and CPU binding from ddl itself.
 
 Jobs are waited for by polling `scontrol show job` with a deadline; nothing sleeps on timing.
 """
@@ -32,6 +34,7 @@ import pytest
 from conftest import REPO, run_bounded, run_ddl
 
 from .build_cache import apt_turn
+from .conftest import APPTAINER_DIR
 
 pytestmark = pytest.mark.system
 
@@ -312,6 +315,52 @@ def test_unresolvable_rendezvous_host_fails_fast(slurm, synthetic_mnist, tmp_pat
 def test_jobs_see_the_cluster_name(slurm):
     """local-slurm.toml's `detect` relies on SLURM_CLUSTER_NAME inside jobs."""
     assert "SLURM_CLUSTER_NAME=local" in slurm.node1_task, slurm.node1_task
+
+
+def test_hand_written_srun_of_the_image_gets_the_lumi_environment(slurm, runtime_env, image,
+                                                                 synthetic_mnist, tmp_path):
+    """Issue 42: `srun ... apptainer run IMAGE train --site lumi`, written by hand (no
+    `ddl submit` script exporting anything, no --cpu-bind): the image's ddl sets LUMI's job
+    environment itself, as the batch script would have it (results.json's `environment`,
+    written inside the image), and binds the rank to its GCD's cores, or, on a node without
+    those CPUs (this one), says so in one line and runs unbound. LUMI's GPUs, network and
+    Singularity are not here: --device cpu, Apptainer."""
+    from ddl.launch import site_env
+    from ddl.settings.sites import get_site
+    from ddl.worker.cpu_binding import online_cpus
+
+    lumi = get_site("lumi")
+    env = {**slurm.env, "PATH": f"{APPTAINER_DIR / 'bin'}:{slurm.env['PATH']}",
+           "USER": "ana"}  # the name the profile's MIOpen cache path carries
+    env.pop("DDL_SITE_PATH")  # the image's own profiles
+    assert not set(lumi.env) & set(env), "the test's environment has LUMI's variables"
+    run_dir = tmp_path / "run"
+    proc = run_bounded(
+        ["srun", "--nodes=1", "--ntasks=1", "--time=5", "bash", "-c",
+         'echo "job $SLURM_JOB_ID"; exec apptainer run "$0" "$@"', str(image),
+         "train", "--site", "lumi", "--plugin", "mnist", "--preset", "tiny", "--device", "cpu",
+         "--epochs", "1", "--steps-per-epoch", "2", "--data-dir", str(synthetic_mnist),
+         "--run-dir", str(run_dir)], env=env, cwd=tmp_path, timeout=JOB_DEADLINE_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = re.search(r"^job (\d+)$", proc.stdout, re.M).group(1)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["container"]["image"] == str(image), results["container"]  # inside it
+    assert results["site"] == "lumi-g" and results["world"]["size"] == 1
+
+    expected = site_env.in_job(lumi, {"USER": "ana", "SLURM_JOB_ID": job})
+    assert expected["MIOPEN_USER_DB_PATH"] == f"/tmp/ana-miopen-cache-{job}"
+    assert expected["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
+    assert set(expected) == set(lumi.env)
+    recorded = results["environment"]
+    assert {name: recorded.get(name) for name in expected} == expected, recorded
+
+    gcd0 = lumi.cpu_binding.srun_cpus(0)  # 49-55
+    if gcd0 <= online_cpus():  # a node as large as LUMI's
+        assert results["threads"]["source"] == "the 7 cores bound to this rank", results
+    else:
+        assert ("ddl: note: rank 0: site lumi-g binds local rank 0 to CPUs 49-55, but this "
+                "node has CPUs") in proc.stderr, proc.stderr
+        assert "bound to this rank" not in results["threads"]["source"], results["threads"]
 
 
 def wait_for_restart(cluster: Cluster, job_id: str, timeout: float) -> dict:

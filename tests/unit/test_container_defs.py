@@ -1,9 +1,12 @@
 """What the shipped definitions promise, read from the files (no build): the CPU image
-refuses a GPU torch at build time, carries what `ddl report` needs, and every image has
-the OCI annotation labels. The real CPU build runs in tests/system/test_container.py.
+refuses a GPU torch at build time, every image carries what `ddl report` needs, and every
+image has the OCI annotation labels. The real CPU build runs in tests/system/test_container.py.
 """
 
+import re
+import shlex
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from ddl.launch.container_def import parse
 pytestmark = pytest.mark.unit
 
 CPU_DEF = REPO / "containers" / "cpu.def"
+IMAGE_DEFS = sorted((REPO / "containers").glob("*.def"))
 
 
 def _post(path: Path) -> list[str]:
@@ -52,13 +56,56 @@ def test_cpu_image_build_stops_on_a_gpu_torch(tmp_path, library, refused):
         assert proc.returncode == 0 and proc.stdout.strip() == "passed", proc.stderr
 
 
-def test_cpu_image_installs_what_report_and_tensorboard_need():
+def _install_commands(post: list[str]) -> list[list[str]]:
+    """The words of each `pip install` command in %post, continuation lines joined."""
+    text = "\n".join(post).replace("\\\n", " ")
+    return [shlex.split(line.split("pip install", 1)[1], comments=True)
+            for line in text.splitlines() if "pip install" in line]
+
+
+def _core_extras(path: Path) -> set[str]:
+    """The extras each image's %post installs the ddl core wheel with (empty: none)."""
+    post = _post(path)
+    core = [shlex.split(l.strip())[0].split("=", 1)[1] for l in post
+            if l.strip().startswith("core=")]
+    extras = set()
+    for words in _install_commands(post):
+        for word in words:
+            spec = re.fullmatch(r"(\$core|\$wh/ddl-\*\.whl)(?:\[([\w,]*)\])?", word)
+            if spec:
+                # $core: the core wheel, by file name
+                assert spec.group(1) != "$core" or core == ["$(ls $wh/ddl-*.whl)"], core
+                extras.update(filter(None, (spec.group(2) or "").split(",")))
+    return extras
+
+
+def test_the_core_extras_are_matplotlib_and_tensorboard():
+    with open(REPO / "packages" / "core" / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert extras["plots"][0].startswith("matplotlib") and \
+        extras["tensorboard"][0].startswith("tensorboard"), extras
+    wheelhouse = "EXTRAS=\"[plots,tensorboard]\""  # and the offline wheelhouse holds them
+    assert wheelhouse in (REPO / "scripts" / "build-wheelhouse.sh").read_text()
+
+
+@pytest.mark.parametrize("path", IMAGE_DEFS, ids=lambda p: p.name)
+def test_every_image_installs_what_report_and_tensorboard_need(path):
     """`apptainer run IMAGE report RUN` draws with matplotlib; runs write TensorBoard
-    events: the core's plots and tensorboard extras are installed."""
-    post = "\n".join(_post(CPU_DEF))
-    assert '"$core[plots,tensorboard]"' in post
-    extras = "EXTRAS=\"[plots,tensorboard]\""  # and the offline wheelhouse resolves them
-    assert extras in (REPO / "scripts" / "build-wheelhouse.sh").read_text()
+    events: every image installs the core with its plots and tensorboard extras (issue 42:
+    the CUDA and ROCm images had neither)."""
+    extras = _core_extras(path)
+    assert {"plots", "tensorboard"} <= extras, f"{path.name} installs the core with {extras}"
+
+
+@pytest.mark.parametrize("path", [p for p in IMAGE_DEFS if p.name != "cpu.def"],
+                         ids=lambda p: p.name)
+def test_gpu_images_check_the_extras_import(path):
+    """The GPU images are built elsewhere (a registry, LUMI): their %test says at once when
+    the two do not import (the CPU image's report runs in tests/system/test_container.py)."""
+    stage = parse(path)[-1]
+    line = next(n for n, name, _ in stage.sections if name == "test")
+    body = [l.strip() for l in stage.bodies[line]]
+    assert 'python3 -c "import matplotlib, tensorboard"' in body, path.name
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda", "rocm"])

@@ -105,7 +105,8 @@ def _undocumented(document: dict, table: str) -> list[str]:
     for top, value in document.items():
         rows = value if top == "epochs" else [value]
         for row in rows:
-            if isinstance(row, dict) and top != "versions":  # versions: package names
+            # versions: package names; environment: variable names
+            if isinstance(row, dict) and top not in ("versions", "environment"):
                 missing += [f"{top}.{sub}" for sub in row if not known(top, sub)]
     return sorted(set(missing))
 

@@ -38,7 +38,7 @@ JSC = ["submit", "--site", "juwels-booster", "--account", "proj", "--plugin", "m
     (["--account", "a" * 100_000], ["--account: aaaa", "is 100000 characters long; allowed: "
                                                       "at most 255"]),
     (["--run-dir", "{tmp}/" + "r" * 256], ["--run-dir: ", "a name of 256 bytes"]),
-    (["--run-dir", "{tmp}/" + "/".join(["r" * 200] * 20)], ["--run-dir: ", "allowed: at most 3840"]),
+    (["--run-dir", "{tmp}/" + "/".join(["r" * 200] * 20)], ["--run-dir: ", "allowed: at most 3975"]),
     # issue 41: a layout whose training state alone cannot fit a GPU (t5-3b replicated on
     # 40 GB A100s); the sharded layout that fits is named
     (["--plugin", "xsum", "--preset", "t5-3b", "--strategy", "ddp"],

@@ -15,12 +15,12 @@ from ddl.contract.errors import UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, resolve
 from ddl.launch import memory_fit
 from ddl.settings.config import RunConfig, check_names, preset_name
+from ddl.settings import rundir
 from ddl.settings.plan import absolute
 from ddl.settings.sites import SiteProfile
 
-NAME_MAX = 255  # bytes in one file name (Linux)
-PATH_MAX = 4096  # bytes in a whole path (Linux)
-BELOW_RUN_DIR = 256  # room for the files ddl writes below a run dir (checkpoints/step-...)
+NAME_MAX, PATH_MAX = rundir.NAME_MAX, rundir.PATH_MAX  # Linux's, in bytes
+BELOW_RUN_DIR = 1 + rundir.ROOM_BELOW  # path's NUL, room for what ddl writes below a run dir
 
 
 def processes_per_node(site: SiteProfile, partition: str | None, gpus: int | None) -> int:

@@ -168,8 +168,13 @@ def make_plan(built: Built, env: Mapping[str, str] = os.environ,
     else:  # every task of the job must arrive at the same name: the job's id
         job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID", "job")
         run_dir = runs / rundir.name(config.plugin, config.strategy, job)
+    # Its length first: resolving a name over NAME_MAX fails less clearly (ENAMETOOLONG);
+    # then again resolved, which a symlink on the way may lengthen.
+    rundir.check_length(os.path.abspath(run_dir))
+    resolved = absolute(Path(run_dir), "--run-dir")
+    rundir.check_length(resolved)
     config = config.model_copy(update={
-        "run_dir": absolute(Path(run_dir), "--run-dir"),
+        "run_dir": resolved,
         "data_dir": absolute(Path(config.data_dir or "data"), "--data-dir"), "nproc": nproc})
     return RunPlan(config=config, site=site, site_note=built.site_note, launcher=launcher,
                    nproc_per_node=nproc, nnodes=nnodes, world_size=world_size,

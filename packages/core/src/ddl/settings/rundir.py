@@ -45,6 +45,22 @@ TENSORBOARD = "tensorboard"
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 LOCK = ".lock"  # held (flock) by the process that runs in the directory
 
+NAME_MAX = 255  # bytes in one file name (Linux)
+PATH_MAX = 4096  # bytes in a path, its closing NUL included (Linux)
+HOST_NAME_MAX = 64  # bytes in a host name (Linux); TensorBoard puts it in its file names
+#: The longest paths ddl writes below a run directory, each at its widest (the others are
+#: shorter: live/.rank-<r>.json.tmp, logs/rank<r>-traceback.txt, .results.json.XXXXXXXX.tmp).
+#: tests/distributed/test_rundir_room.py records every path a real run (checkpoints,
+#: TensorBoard, live state, profile, resume) writes there, and checks they fit.
+WIDEST_BELOW = (
+    # SummaryWriter's file: events.out.tfevents.<10-digit time>.<host>.<pid>.<writer n>
+    f"{TENSORBOARD}/events.out.tfevents.{'9' * 10}.{'h' * HOST_NAME_MAX}.{'9' * 7}.{'9' * 3}",
+    # a rank's DCP shard (a million ranks) in a checkpoint not yet complete
+    "checkpoints/.step-99999999.partial/__999999_99.distcp",
+)
+#: Room a run directory's path leaves under PATH_MAX for them (and the '/' before them).
+ROOM_BELOW = max(len(path.encode()) for path in WIDEST_BELOW) + 1
+
 
 def name(plugin: str, strategy: str, tag: str) -> str:
     """A run directory's name: ``<plugin>-<strategy>-<tag>``, the tag a time stamp or a job id
@@ -66,6 +82,24 @@ def timestamped(root: Path, plugin: str, strategy: str) -> Path:
         n += 1
         candidate = root / name(plugin, strategy, f"{stamp}-{n}")
     return candidate
+
+
+def check_length(run_dir: Path | str, flag: str = "--run-dir") -> None:
+    """A run directory whose files would not fit Linux's limits is refused in one line
+    before anything is written: a name over NAME_MAX, or a path that leaves less than
+    ROOM_BELOW under PATH_MAX (else the first checkpoint fails mid-run, with a traceback)."""
+    text = str(run_dir)
+    short = text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+    longest = max(Path(text).parts, key=lambda part: len(part.encode()), default="")
+    if len(longest.encode()) > NAME_MAX:
+        raise UsageError(f"{flag}: {short} has a name of {len(longest.encode())} bytes "
+                         f"({longest[:20]}...); allowed: at most {NAME_MAX} bytes a name "
+                         "(the file system's limit)")
+    allowed = PATH_MAX - 1 - ROOM_BELOW
+    if len(text.encode()) > allowed:
+        raise UsageError(f"{flag}: {short} is {len(text.encode())} bytes long; allowed: at "
+                         f"most {allowed} bytes (Linux's limit of {PATH_MAX} for a path, less "
+                         "room for the files ddl writes below a run directory)")
 
 
 def create(run_dir: Path, resume: str = "none") -> Path:

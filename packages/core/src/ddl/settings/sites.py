@@ -101,6 +101,41 @@ class CpuBinding(_Strict):
     srun: str = Field("none", pattern=r"^[A-Za-z0-9_:,]*$")
     worker_cores: list[list[int]] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _cpu_lists(self) -> CpuBinding:
+        kind, _, items = self.srun.partition(":")
+        if kind in ("mask_cpu", "map_cpu"):
+            for item in items.split(","):
+                try:
+                    _cpus_of(kind, item)
+                except ValueError:
+                    raise ValueError(f"{kind} entry {item!r} is not a CPU "
+                                     f"{'mask (hex)' if kind == 'mask_cpu' else 'number'}"
+                                     ) from None
+        return self
+
+    def srun_cpus(self, local_rank: int) -> set[int] | None:
+        """The CPUs ``srun --cpu-bind=<srun>`` gives local rank ``local_rank`` (the list
+        reused from its start when there are more ranks, as srun does); None when the
+        binding names no CPUs (``none``, ``cores``, ...)."""
+        kind, _, items = self.srun.partition(":")
+        if kind not in ("mask_cpu", "map_cpu"):
+            return None
+        entries = items.split(",")
+        return _cpus_of(kind, entries[local_rank % len(entries)])
+
+
+def _cpus_of(kind: str, item: str) -> set[int]:
+    """One srun mask_cpu entry (hex, 0x optional) or map_cpu entry (decimal, or 0x hex)."""
+    if kind == "mask_cpu":
+        mask = int(item, 16)
+        cpus = {cpu for cpu in range(mask.bit_length()) if mask >> cpu & 1}
+    else:
+        cpus = {int(item, 16) if item.lower().startswith("0x") else int(item)}
+    if not cpus:
+        raise ValueError("no CPU")
+    return cpus
+
 
 class Container(_Strict):
     runtime: Literal["apptainer", "singularity"] = "apptainer"

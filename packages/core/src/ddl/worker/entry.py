@@ -21,7 +21,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
-from ddl.worker import crash, heartbeat, socket_folder, threads
+from ddl.worker import cpu_binding, crash, heartbeat, socket_folder, threads
 
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
@@ -62,8 +62,11 @@ def run(plan, *, create_run_dir: bool) -> None:
         # checkpoint of this run (not from where it first started, nor from scratch).
         plan = plan.model_copy(update={"config": config.model_copy(update={"resume": "auto"})})
     site = plan.site
-    bound = bind_worker_cpus(site, int(os.environ.get("LOCAL_RANK", 0)),
-                             plan.launcher in PER_NODE_LAUNCHERS)
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if plan.launcher == "srun":  # one task per rank: bound as `ddl submit`'s srun binds it
+        bound = cpu_binding.bind_srun_task(site, local_rank)
+    else:
+        bound = bind_worker_cpus(site, local_rank, plan.launcher in PER_NODE_LAUNCHERS)
     threads.apply(plan.launcher, plan.nproc_per_node, bound)  # one thread policy
     world = init_world(plan.config.device, site.accelerator, site.backend,
                        rendezvous_timeout_s=plan.config.rendezvous_timeout)

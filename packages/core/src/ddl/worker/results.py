@@ -24,6 +24,18 @@ from ddl.worker.checkpoint import TrainerState
 from ddl.worker.setup import Layout
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
+#: results.json's ``environment``: the variables that steer the collectives and the GPU
+#: libraries (what a site profile's [env] sets, in the batch script or, for a hand-written
+#: srun, in the job: ddl.launch.site_env.in_job), as rank 0 had them.
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "RCCL_", "GLOO_", "UCX_", "FI_", "CXI_", "HSA_",
+                "MIOPEN_")
+ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if env is None else env
+    return {name: value for name, value in sorted(env.items())
+            if name.startswith(ENV_PREFIXES) or name in ENV_NAMES}
 
 
 def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Workload,
@@ -53,6 +65,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "wall_time_s": finished - started,
         "command": command or sys.argv,  # the user's, from the plan
         "container": container_record.record(),  # the image it ran in, or None
+        "environment": environment(),
         "plugin": config.plugin, "strategy": config.strategy, "site": config.site,
         "preset": layout.preset,
         "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
