@@ -19,11 +19,37 @@ def _workload(plugin: str, preset: str, data_dir: Path):
     return workload  # a fresh one per call: cutting pipeline stages changes its batches
 
 
-def predict(plugin: str, preset: str, data_dir: Path, results: dict[str, Any]
-            ) -> list[dict[str, int]]:
-    """Per rank: the predicted model-state fields and ``saved_for_backward_bytes`` as ddl's
-    meter counts it (under a pipeline: summed over the step's micro-batches)."""
-    workload = _workload(plugin, preset, Path(data_dir))
+def measured_batches(workload, data_dir: Path, results: dict[str, Any], dp_rank: int,
+                     seed: int) -> list[tuple[Any, Any]]:
+    """The micro-batches data-parallel share ``dp_rank`` trained on while the meter counted
+    (the first two steps), from the run's own loader (ddl.worker.loaders.train_loader, the
+    same sampler, seed and epoch 1), through ``to_device`` as the run did it."""
+    from ddl.worker.loaders import train_loader
+
+    batch, world = results["batch"], results["world"]
+    loader = train_loader(workload.datasets(data_dir)["train"], batch_size=batch["micro"],
+                          replicas=world["dp_size"], rank=dp_rank, seed=seed, workers=0,
+                          pin_memory=False)
+    loader.sampler.set_epoch(1)
+    wanted = 2 * batch["accumulation_steps"]
+    out = []
+    for i, raw in enumerate(loader):
+        if i == wanted:
+            break
+        out.append(plan_probe.device_batch(workload, raw))
+    return out
+
+
+def predict(plugin: str, preset: str, data_dir: Path, results: dict[str, Any], *,
+            sync_bn: bool = False, seed: int | None = None) -> list[dict[str, int]]:
+    """Per rank: the predicted model-state fields and ``saved_for_backward_bytes``, the most
+    the rank holds for backward at once (ddl's meter: its high-water mark; under a
+    pipeline, the micro-batches its schedule keeps in flight). ``sync_bn``: the run's
+    ``--sync-bn``. A workload that trims its batches to their content (xsum) is predicted
+    for the batches each rank measured (``seed``: the run's), not for the untrimmed bound
+    `ddl plan` gives."""
+    data_dir = Path(data_dir)
+    workload = _workload(plugin, preset, data_dir)
     layout = ParallelLayout(**results["world"]["parallel"])
     report = results.get("strategy_report") or {}
     per_rank_stages = report.get("stages_per_rank", 1)
@@ -35,13 +61,31 @@ def predict(plugin: str, preset: str, data_dir: Path, results: dict[str, Any]
     n_stages = layout.pp * per_rank_stages
     if n_stages > 1:  # cutting sets what a pipeline's batches look like (xsum: untrimmed)
         workload.pipeline_stages(plan_probe.meta_model(workload.build_model), n_stages)
-    inputs, targets = plan_probe.sample_batch(workload, Path(data_dir),
-                                              results["batch"]["micro"] // microbatches)
-    stages = plan_probe.activation_bytes(workload, plan_probe.meta_model(workload.build_model),
-                                         inputs, targets, tp=layout.tp,
-                                         n_stages=n_stages).per_stage
+
+    def per_stage(inputs, targets) -> list[int]:
+        return plan_probe.activation_bytes(
+            workload, plan_probe.meta_model(workload.build_model), inputs, targets,
+            tp=layout.tp, n_stages=n_stages, sync_bn=sync_bn,
+            device_type=results["world"]["device"]).per_stage
+
+    schedule = report.get("schedule", "gpipe")
+    trimmed = getattr(workload, "trim_batches", False)
+    if trimmed and seed is None:
+        raise ValueError(f"{plugin} trims its batches: predict() needs the run's seed")
+    if trimmed and n_stages > 1:
+        raise ValueError(f"{plugin}: a pipeline was cut but its batches are still trimmed")
+    fixed = None if trimmed else per_stage(*plan_probe.sample_batch(
+        workload, data_dir, results["batch"]["micro"] // microbatches))
+    by_share: dict[int, list[int]] = {}
     for rank, state in enumerate(states):
-        pp_rank = layout.coordinates(rank)["pp"]
-        mine = range(pp_rank, n_stages, layout.pp)
-        state["saved_for_backward_bytes"] = microbatches * sum(stages[i] for i in mine)
+        if fixed is None:  # the largest of the batches this rank's share measured
+            share = layout.dp_rank(rank)
+            if share not in by_share:
+                by_share[share] = max((per_stage(*b) for b in measured_batches(
+                    workload, data_dir, results, share, seed)), key=lambda s: s[0])
+            stages = by_share[share]
+        else:
+            stages = fixed
+        state["saved_for_backward_bytes"] = round(plan_probe.rank_activation_bytes(
+            schedule, layout, rank, microbatches, stages, per_rank_stages))
     return states

@@ -37,6 +37,41 @@ def test_in_flight_per_schedule():
     assert mm.in_flight("1f1b", 8, 1) == 1
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp, microbatches", [(2, 4), (4, 4), (4, 8), (4, 2)])
+def test_in_flight_is_the_peak_of_the_schedule_order(schedule, pp, microbatches):
+    for rank in range(pp):
+        actions = mm.single_stage_actions(schedule, microbatches, pp, rank)
+        assert sorted(actions) == sorted([("F", rank), ("B", rank)] * microbatches)
+        assert mm.pipeline_peak(actions, {rank: 1.0}) == \
+            mm.in_flight(schedule, microbatches, pp, rank)
+
+
+def test_pipeline_peak_weighs_stages_and_zero_bubble_frees_at_the_weight_pass():
+    order = [("F", 0), ("F", 2), ("B", 2), ("F", 0), ("B", 0), ("B", 0)]
+    assert mm.pipeline_peak(order, {0: 10, 2: 1}) == 20
+    assert mm.pipeline_peak([("F", 1), ("I", 1), ("F", 1), ("W", 1)], {1: 3}) == 6
+
+
+@pytest.mark.parametrize("schedule", ["interleaved1f1b", "looped_bfs", "interleaved_zb"])
+def test_multi_stage_orders_are_torchs(schedule):
+    """Each rank's order comes from torch's own schedule class: every micro-batch of each
+    of its stages goes forward once and is freed once; looped BFS holds all of them."""
+    from ddl.worker.plan_probe import pipeline_actions
+
+    pp, m, v = 2, 4, 2
+    for rank in range(pp):
+        actions = pipeline_actions(schedule, pp, rank, m, v)
+        stages = {rank, rank + pp}
+        frees = "W" if schedule == "interleaved_zb" else "B"
+        for s in stages:
+            assert actions.count(("F", s)) == m and actions.count((frees, s)) == m
+        peak = mm.pipeline_peak(actions, {s: 1.0 for s in stages})
+        assert 1 < peak <= 2 * m
+        if schedule == "looped_bfs":
+            assert peak == 2 * m
+
+
 def test_optimizer_cost_from_the_workload_class():
     from ddl.contract.plugins import Plugins
     from ddl.worker.plan_probe import optimizer_cost

@@ -114,15 +114,48 @@ def model_state(params: Iterable[ParamShape], optimizer: OptimizerCost, *, tp: i
 
 
 def in_flight(schedule: str, microbatches: int, pp: int, pp_rank: int = 0) -> int:
-    """Micro-batches whose activations a pipeline rank holds at once: GPipe runs every
-    forward before any backward (all m); 1F1B starts backwards after pp - rank warm-up
-    forwards (rank 0 holds the most: pp). The interleaved and looped schedules are counted
-    as 1F1B per stage here (a first model). No pipeline: 1."""
+    """Micro-batches whose activations a pipeline rank with one stage holds at once: GPipe
+    runs every forward before any backward (all m); 1F1B starts backwards after
+    pp - rank - 1 warm-up forwards, so it holds pp - rank (rank 0 the most). No pipeline: 1.
+    Measured to the byte (the meter's high-water mark, tests/distributed/
+    test_equivalence_matrix.py). Schedules with several stages per rank:
+    :func:`pipeline_peak` on their compute order."""
     if pp == 1:
         return 1
     if schedule == "gpipe" or schedule == "looped_bfs":
         return microbatches
     return min(microbatches, pp - pp_rank)
+
+
+def single_stage_actions(schedule: str, microbatches: int, pp: int, pp_rank: int
+                         ) -> list[tuple[str, int]]:
+    """A one-stage-per-rank schedule's compute order on ``pp_rank`` (its stage index =
+    ``pp_rank``), as torch.distributed.pipelining runs it: ("F", stage) a forward, ("B",
+    stage) a full backward, one entry per micro-batch (GPipe and 1F1B)."""
+    if schedule == "gpipe" or pp == 1:
+        return [("F", pp_rank)] * microbatches + [("B", pp_rank)] * microbatches
+    if schedule != "1f1b":
+        raise ValueError(f"{schedule}: not a one-stage-per-rank schedule (gpipe, 1f1b)")
+    warm = min(microbatches, pp - 1 - pp_rank)
+    steady = microbatches - warm
+    return ([("F", pp_rank)] * warm + [("F", pp_rank), ("B", pp_rank)] * steady
+            + [("B", pp_rank)] * warm)
+
+
+def pipeline_peak(actions: Iterable[tuple[str, int]], stage_bytes: dict[int, float]) -> float:
+    """The most a pipeline rank holds for backward at once, walking its compute order
+    (``actions``: (kind, stage index)): a forward ("F") of stage s keeps ``stage_bytes[s]``
+    (one micro-batch's) until its full backward ("B") or, split as zero-bubble schedules
+    split it, until its weight backward ("W": the input backward "I" keeps the graph for
+    it, ``retain_graph``)."""
+    held = peak = 0.0
+    for kind, stage in actions:
+        if kind == "F":
+            held += stage_bytes[stage]
+            peak = max(peak, held)
+        elif kind in ("B", "W"):
+            held -= stage_bytes[stage]
+    return peak
 
 
 def device_total(model_state_bytes: int, activation_bytes: int, device_kind: str) -> int:

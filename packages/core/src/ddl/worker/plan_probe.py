@@ -11,6 +11,23 @@ the activation checkpointing a run would apply. Tensor parallel's activations ar
 one tp rank: the planned layers are narrowed to their local width first (colwise: output
 features / tp; rowwise: input features / tp), as each rank computes. The arithmetic on the
 shapes is ddl.settings.memory_model.
+
+What the probe must reproduce of a run, found measuring the equivalence matrix (issue 41):
+
+* ``--sync-bn`` on a CPU replaces BatchNorm by ddl.worker.sync_bn's float64 layer, which
+  keeps the input's float64 copy and its centred, scaled intermediates: 700 268 bytes
+  where plain BatchNorm keeps 420 612 in CIFAR's tiny ResNet at 8 samples (1.66x), and
+  19.3 MB for 7.79 MB in Imagewoof's tiny-exact xresnet (2.48x). The meta-device forward
+  of the same plain model counts to the byte what the CPU kernels keep; the probe converts
+  as the run converts (``sync_bn``). torch's SyncBatchNorm (GPUs) keeps what plain
+  BatchNorm keeps.
+* A pipeline rank holds the micro-batches its schedule keeps in flight, per stage: the
+  order of the rank's forwards and backwards (:func:`pipeline_actions`: GPipe and 1F1B
+  from ddl.settings.memory_model, the multi-stage schedules from torch's own classes)
+  walked with each stage's bytes per micro-batch (:func:`rank_activation_bytes`).
+* A workload that trims each batch to its content (xsum: to the longest sequence) is
+  probed untrimmed, at the preset's full lengths (:func:`sample_batch`): a bound no batch
+  of the run exceeds. The matrix test probes the batches each rank measured instead.
 """
 
 from __future__ import annotations
@@ -173,11 +190,21 @@ def _nbytes(tree: Any) -> int:
 
 
 def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets: Any, *,
-                     tp: int = 1, n_stages: int = 1, checkpointing: str = "none"
-                     ) -> Activations:
+                     tp: int = 1, n_stages: int = 1, checkpointing: str = "none",
+                     sync_bn: bool = False, device_type: str = "cuda") -> Activations:
     """Run ``inputs`` (a micro-batch as ``Workload.to_device`` gives it, on the meta
     device) through ``model`` (built on the meta device, consumed: it is narrowed and
-    checkpointed in place) and count what each stage saves for backward."""
+    checkpointed in place) and count what each stage saves for backward. ``sync_bn``:
+    the run's ``--sync-bn`` on a ``device_type`` device, converted as the run converts
+    (ddl.worker.sync_bn): on a CPU its float64 BatchNorm keeps more (the whole model's
+    activations: 1.66x in cifar tiny, 2.48x in imagewoof tiny-exact); torch's
+    SyncBatchNorm (GPUs) keeps what plain BatchNorm keeps, so the probe leaves plain
+    BatchNorm there (torch's refuses the meta device)."""
+    if sync_bn:
+        from ddl.worker import sync_bn as sync
+
+        if device_type not in sync.TORCH_SYNC_DEVICES:
+            model, _ = sync.convert(model, torch.device(device_type))
     rowwise = [0]
     if tp > 1:
         narrow_for_tp(workload, model, tp)
@@ -215,6 +242,58 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     return Activations(per_stage, boundary, rowwise[0])
 
 
+#: torch.distributed.pipelining's classes of the schedules with several stages per rank
+#: (ddl_strategies.pipeline.MULTI)
+_MULTI = {"interleaved1f1b": "ScheduleInterleaved1F1B", "looped_bfs": "ScheduleLoopedBFS",
+          "interleaved_zb": "ScheduleInterleavedZeroBubble"}
+
+
+def pipeline_actions(schedule: str, pp: int, pp_rank: int, microbatches: int,
+                     stages_per_rank: int = 1) -> list[tuple[str, int]]:
+    """One pipeline rank's compute order, (kind, stage index) per micro-batch action: "F"
+    forward, "B" full backward, "I"/"W" the input and weight halves of a zero-bubble
+    backward. GPipe and 1F1B: ddl.settings.memory_model.single_stage_actions; the
+    interleaved and looped schedules: the order torch's own class computes for the rank
+    (``_calculate_single_rank_operations``, run on a stand-in for the schedule object:
+    it reads only the sizes; no process group, no stages)."""
+    from ddl.settings.memory_model import single_stage_actions
+
+    if stages_per_rank == 1 and schedule not in _MULTI:
+        return single_stage_actions(schedule, microbatches, pp, pp_rank)
+    from types import SimpleNamespace
+
+    from torch.distributed import pipelining
+
+    cls = getattr(pipelining, _MULTI[schedule])
+    rounds = max(1, microbatches // pp)
+    fake = SimpleNamespace(pp_group_size=pp, n_local_stages=stages_per_rank,
+                           _stages=[None] * stages_per_rank, _n_microbatches=microbatches,
+                           number_of_rounds=rounds, microbatches_per_round=microbatches // rounds,
+                           rank=pp_rank)
+    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I",
+             "BACKWARD_WEIGHT": "W"}
+    out = []
+    for action in cls._calculate_single_rank_operations(fake, pp_rank):
+        if action is not None and action.computation_type.name in kinds:
+            out.append((kinds[action.computation_type.name], action.stage_index))
+    return out
+
+
+def rank_activation_bytes(schedule: str, layout: ParallelLayout, rank: int,
+                          microbatches: int, per_stage: list[float],
+                          stages_per_rank: int = 1) -> float:
+    """What ``rank`` of ``layout`` holds for backward at its peak: one micro-batch's bytes
+    per stage (``per_stage``, all stages of the pipeline) times the micro-batches in flight
+    that its schedule's order gives; without a pipeline, ``per_stage[0]``."""
+    from ddl.settings.memory_model import pipeline_peak
+
+    if layout.pp == 1:
+        return per_stage[0]
+    pp_rank = layout.coordinates(rank)["pp"]
+    actions = pipeline_actions(schedule, layout.pp, pp_rank, microbatches, stages_per_rank)
+    return pipeline_peak(actions, dict(enumerate(per_stage)))
+
+
 def tile_batch(batch: Any, size: int) -> Any:
     """``batch`` cut or repeated along dim 0 to ``size`` samples (on the meta device a
     micro-batch of any size costs nothing; only its shape matters)."""
@@ -229,12 +308,29 @@ def tile_batch(batch: Any, size: int) -> Any:
     return tree_map(tile, batch)
 
 
-def sample_batch(workload: Workload, data_dir, size: int) -> tuple[Any, Any]:
+def sample_batch(workload: Workload, data_dir, size: int, *, longest: bool = True
+                 ) -> tuple[Any, Any]:
     """A micro-batch of ``size`` training samples from the workload's data, as its
-    ``to_device`` gives it, then moved to the meta device."""
+    ``to_device`` gives it, then moved to the meta device. ``longest``: a workload that
+    trims each batch to its content (``trim_batches``, xsum: to the longest sequence) is
+    asked for it untrimmed, at the preset's full lengths - the largest batch it can
+    deliver, so what is predicted from it is a bound no batch exceeds."""
     from torch.utils.data import DataLoader
 
     train = workload.datasets(data_dir)["train"]
     first = next(iter(DataLoader(train, batch_size=min(size, len(train)), shuffle=False)))
-    inputs, targets = workload.to_device(tile_batch(first, size), torch.device("cpu"))
+    return device_batch(workload, tile_batch(first, size), trim=not longest)
+
+
+def device_batch(workload: Workload, batch: Any, *, trim: bool = True) -> tuple[Any, Any]:
+    """``batch`` (as the loader collates it) through the workload's ``to_device`` on the
+    CPU, trimmed as a run trims it or (``trim=False``) not, moved to the meta device."""
+    trims = getattr(workload, "trim_batches", None)
+    if trims is not None and not trim:
+        workload.trim_batches = False
+    try:
+        inputs, targets = workload.to_device(batch, torch.device("cpu"))
+    finally:
+        if trims is not None:
+            workload.trim_batches = trims
     return to_meta(inputs), to_meta(targets)

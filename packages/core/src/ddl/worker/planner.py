@@ -5,6 +5,9 @@ step-time estimate; those that do not fit the device are kept with the reason.
 Probes are shared between candidates: model state depends on the layout alone, and the
 bytes a stage keeps grow linearly with the micro-batch (measured at 1 and 2 samples, so a
 constant part such as T5's position bias is kept apart), per (tp, pp, checkpointing).
+Batches are probed untrimmed (xsum: the preset's full lengths; plan_probe.sample_batch),
+so the activations are a bound no batch exceeds; a pipeline rank holds 1F1B's pp - rank
+micro-batches (memory_model.in_flight, measured to the byte on CPU runs).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
 from ddl.settings import layout_search as search
 from ddl.settings import memory_model as mm
+from ddl.settings import step_time_model as stm
 from ddl.worker import plan_probe as probe
 
 
@@ -31,6 +35,8 @@ class Device:
     peak_flops: float | None
     intra_bytes_per_s: float | None
     inter_bytes_per_s: float | None
+    intra_latency_s: float | None = None  # None: the model counts bandwidth only
+    inter_latency_s: float | None = None
 
 
 @dataclass
@@ -42,6 +48,7 @@ class Prediction:
     step_s: float | None = None
     dropped: str | None = None
     comm_bytes: dict[str, float] = field(default_factory=dict)
+    step_time: dict[str, Any] | None = None  # step_time_model.StepTime.as_dict()
 
     def as_dict(self) -> dict[str, Any]:
         c = self.candidate
@@ -51,13 +58,17 @@ class Prediction:
                 "memory_per_rank_bytes": self.memory_bytes,
                 "model_state_bytes": self.model_state_bytes,
                 "activation_bytes": self.activation_bytes, "step_s": self.step_s,
-                "comm_bytes_per_step": self.comm_bytes, "flags": c.flags(),
+                "comm_bytes_per_step": self.comm_bytes, "step_time": self.step_time,
+                "flags": c.flags(),
                 "dropped": self.dropped}
 
 
 class Planner:
-    def __init__(self, workload: Workload, batch_source: Path, device: Device) -> None:
-        self.workload, self.device = workload, device
+    def __init__(self, workload: Workload, batch_source: Path, device: Device, *,
+                 sync_bn: bool = False) -> None:
+        """``sync_bn``: the runs will use ``--sync-bn`` (on a CPU device its float64
+        BatchNorm keeps more; plan_probe.activation_bytes)."""
+        self.workload, self.device, self.sync_bn = workload, device, sync_bn
         self.model = probe.meta_model(workload.build_model)  # built once, copied per probe
         self.cost = probe.optimizer_cost(workload)
         self.batch_source = batch_source
@@ -94,7 +105,9 @@ class Planner:
             self.workload.pipeline_stages(self._copy(), pp)
         inputs, targets = probe.sample_batch(self.workload, self.batch_source, size)
         return probe.activation_bytes(self.workload, self._copy(), inputs, targets, tp=tp,
-                                      n_stages=pp, checkpointing=checkpointing)
+                                      n_stages=pp, checkpointing=checkpointing,
+                                      sync_bn=self.sync_bn,
+                                      device_type="cpu" if self.device.kind == "cpu" else "cuda")
 
     def stage_bytes(self, tp: int, pp: int, checkpointing: str, size: int
                     ) -> tuple[list[float], probe.Activations]:
@@ -126,10 +139,26 @@ class Planner:
         out.comm_bytes = search.comm_bytes(c, full, one.rowwise_bytes,
                                            one.boundary_bytes)
         if d.peak_flops and self.flops and d.intra_bytes_per_s and d.inter_bytes_per_s:
-            out.step_s = (search.compute_seconds(c, self.flops, global_batch, d.peak_flops)
-                          + search.comm_seconds(c, out.comm_bytes, d.gpus_per_node,
-                                                d.intra_bytes_per_s, d.inter_bytes_per_s))
+            timed = stm.step_time(
+                step_layout(c), self.flops, stm.Compute(d.peak_flops),
+                stm.Sizes(full, one.rowwise_bytes, one.boundary_bytes), network(d),
+                {dim: search.crosses_nodes(layout, dim, d.gpus_per_node)
+                 for dim in ("dp_replicate", "dp_shard", "tp", "pp")})
+            out.step_s, out.step_time = timed.total_s, timed.as_dict()
         return out
+
+
+def step_layout(c: search.Candidate) -> stm.StepLayout:
+    p = c.layout
+    return stm.StepLayout(p.dp_replicate, p.dp_shard, p.tp, p.pp, c.micro_batch,
+                          c.accumulation, c.microbatches, c.checkpointing)
+
+
+def network(d: Device) -> stm.Network:
+    """The site's two link levels (a latency it does not give counts as 0)."""
+    return stm.Network(stm.Link(d.intra_latency_s or 0.0, d.intra_bytes_per_s),
+                       stm.Link(d.inter_latency_s or 0.0, d.inter_bytes_per_s),
+                       d.gpus_per_node)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
