@@ -22,7 +22,7 @@ def _workload(plugin: str, preset: str, data_dir: Path):
 def measured_batches(workload, data_dir: Path, results: dict[str, Any], dp_rank: int,
                      seed: int) -> list[tuple[Any, Any]]:
     """The micro-batches data-parallel share ``dp_rank`` trained on while the meter counted
-    (the first two steps), from the run's own loader (ddl.worker.loaders.train_loader, the
+    (the first two steps, or one), from the run's own loader (ddl.worker.loaders.train_loader, the
     same sampler, seed and epoch 1), through ``to_device`` as the run did it."""
     from ddl.worker.loaders import train_loader
 
@@ -31,7 +31,8 @@ def measured_batches(workload, data_dir: Path, results: dict[str, Any], dp_rank:
                           replicas=world["dp_size"], rank=dp_rank, seed=seed, workers=0,
                           pin_memory=False)
     loader.sampler.set_epoch(1)
-    wanted = 2 * batch["accumulation_steps"]
+    # the meter counts the first two steps, or the one a one-step run has
+    wanted = min(2, results.get("steps_per_epoch") or 2) * batch["accumulation_steps"]
     out = []
     for i, raw in enumerate(loader):
         if i == wanted:
