@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from ddl.contract.errors import DdlError
+from ddl.contract.errors import DdlError, UsageError
 from ddl.launch import container_inside, environment
 
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
@@ -195,4 +195,81 @@ def run_checks(site_name: str, data_dir: Path | None) -> int:
 
 
 def cmd_doctor(ns: argparse.Namespace) -> int:
+    if getattr(ns, "collectives", False):
+        return run_collectives(ns.site, ns.nproc, ns.format)
+    for flag in ("nproc", "format"):
+        if getattr(ns, flag, None) not in (None, "text"):
+            raise UsageError(f"--{flag}: only with --collectives")
     return run_checks(ns.site, ns.data_dir)
+
+
+def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int:
+    """Time the collectives between local processes, fit latency and bandwidth, and print
+    them next to the site profile's intra-node numbers (ddl.worker.collective_probe)."""
+    import json
+
+    from ddl.contract.plugins import Plugins
+    from ddl.settings.sites import detect_site, get_site
+
+    if nproc is not None and nproc < 2:
+        raise UsageError(f"--nproc: {nproc}; allowed: 2 or more (a collective needs two "
+                         "processes)")
+    plugins = Plugins()
+    why = "given"
+    if site_name == "auto":
+        site_name, why = detect_site(plugins)
+    site = get_site(site_name, plugins)
+    import torch
+
+    from ddl.worker import collective_probe
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = "nccl" if gpus else "gloo"
+    if nproc is None:
+        nproc = gpus or max(site.defaults.nproc or 2, 2)
+    if gpus and nproc > gpus:
+        raise UsageError(f"--nproc: {nproc}; allowed: at most the {gpus} GPU(s) visible")
+    measured = collective_probe.measure(nproc, backend)
+    measured["site"] = {"name": site.name, "intra_node_latency_s": site.intra_node_latency_s,
+                        "intra_node_bytes_per_s": site.intra_node_bytes_per_s}
+    if fmt == "json":
+        print(json.dumps(measured, indent=2))
+        return 0
+    print(f"{OK:<5}site: {site.name} ({why})")
+    print(f"collectives: {backend}, {nproc} processes on this node "
+          f"({'GPU' if gpus else 'CPU'}), median of {measured['repeats']} timings per size")
+    print(render_collectives(measured, site))
+    return 0
+
+
+def render_collectives(measured: dict, site) -> str:
+    sizes = list(next(iter(measured["seconds"].values())))
+    heads = ["op", *(_size(int(n)) for n in sizes), "latency", "bandwidth", "worst fit"]
+    rows = []
+    for op, fit in measured["fits"].items():
+        times = measured["seconds"].get(op)
+        rows.append([op if op != "all" else "one fit for all",
+                     *((f"{times[n] * 1e6:.0f} us" for n in sizes) if times
+                       else ("" for _ in sizes)),
+                     f"{fit['latency_s'] * 1e6:.1f} us", _rate(fit["bytes_per_s"]),
+                     f"{fit['worst_error']:.0%}"])
+    if site.intra_node_latency_s or site.intra_node_bytes_per_s:
+        rows.append([f"{site.name} profile", *("" for _ in sizes),
+                     "-" if site.intra_node_latency_s is None
+                     else f"{site.intra_node_latency_s * 1e6:.1f} us",
+                     "-" if site.intra_node_bytes_per_s is None
+                     else _rate(site.intra_node_bytes_per_s), ""])
+    else:
+        rows.append([f"{site.name} profile", *("" for _ in sizes), "-", "-",
+                     "(no intra-node link numbers)"])
+    widths = [max(len(r[k]) for r in [heads, *rows]) for k in range(len(heads))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [heads, *rows])
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // 2 ** 20} MiB" if nbytes >= 2 ** 20 else f"{nbytes // 2 ** 10} KiB"
+
+
+def _rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.2f} GB/s"

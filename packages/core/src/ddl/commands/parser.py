@@ -225,6 +225,14 @@ def make_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check this node for what a job needs")
     doctor.add_argument("--site", default="auto", help="default: auto")
     doctor.add_argument("--data-dir", type=Path, help="data directory to check")
+    doctor.add_argument("--collectives", action="store_true",
+                        help="instead of the checks: time all-reduce, all-gather, "
+                             "reduce-scatter and point-to-point between --nproc processes "
+                             "on this node and fit latency and bandwidth (docs/plan.md)")
+    doctor.add_argument("--nproc", type=int, help="--collectives: processes (default: the "
+                        "GPUs visible, on a CPU the site's nproc or 2)")
+    doctor.add_argument("--format", choices=["text", "json"], default="text",
+                        help="--collectives: a table or the timings and fits as JSON")
     return parser
 
 
@@ -289,14 +297,22 @@ def _plan_parser(sub) -> None:
                           "by predicted memory and step time (ddl.worker.planner)")
     plan.add_argument("--plugin", required=True, help="workload")
     plan.add_argument("--preset", help="default: the workload's")
-    plan.add_argument("--site", required=True, help="site profile (a GPU site)")
+    plan.add_argument("--site", required=True, help="site profile: a GPU site, or a CPU "
+                      "site of this machine (local: each process gets its share of the "
+                      "available memory)")
     plan.add_argument("--nodes", type=int, default=1, help="default: 1")
+    plan.add_argument("--nproc", type=int, help="processes per node (default: a GPU site's "
+                      "GPUs per node; on a CPU site its defaults.nproc, 2 on local)")
     plan.add_argument("--partition", help="default: the site's default partition")
     plan.add_argument("--global-batch-size", type=int,
                       help="samples per optimizer step (default: the preset's batch x GPUs)")
     plan.add_argument("--data-dir", type=_directory, help="a sample batch comes from here "
                       "if it holds the data (default ./data; else a synthetic stand-in)")
     plan.add_argument("--top", type=int, default=10, help="layouts shown (default: 10)")
+    plan.add_argument("--verify", type=int, nargs="?", const=3, metavar="K",
+                      help="train the K best layouts (default 3) here for a few steps and "
+                      "print predicted against measured memory and step time; needs the "
+                      "plan's processes on this machine (commands/plan_verify)")
     plan.add_argument("--format", choices=["table", "json"], default="table")
 
 

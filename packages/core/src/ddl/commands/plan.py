@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from ddl.commands import plan_target, plan_verify
 from ddl.contract.errors import DataError, UsageError
 
 
@@ -22,31 +23,39 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from ddl.settings.sites import get_site
 
     for flag, value in (("--nodes", ns.nodes), ("--top", ns.top),
-                        ("--global-batch-size", ns.global_batch_size)):
+                        ("--global-batch-size", ns.global_batch_size),
+                        ("--verify", ns.verify)):
         if value is not None and value < 1:
             raise UsageError(f"{flag}: {value}; allowed: a whole number >= 1")
     plugins = Plugins()
     site = get_site(ns.site, plugins)
     _, partition = site.partition(ns.partition) if site.partitions else (None, None)
-    if site.accelerator == "cpu" or not partition or not site.device_memory_bytes:
-        raise UsageError(f"--site: {site.name} gives no GPUs per node and device memory "
-                         "(device_memory_bytes); allowed: a GPU site, e.g. juwels, lumi")
+    target = plan_target.resolve(site, partition, ns.nodes, ns.nproc)  # CPU sites too
     spec = plugins.workload(ns.plugin)
     preset_name = ns.preset or spec.default_preset
     if preset_name not in spec.presets:
         raise UsageError(f"--preset: {spec.name} has no preset {preset_name!r}; allowed: "
                          f"{', '.join(spec.presets)}")
     preset = spec.presets[preset_name]
-    world = ns.nodes * partition.gpus_per_node
+    world = ns.nodes * target.per_node
     global_batch = ns.global_batch_size or preset.batch_size * world
-    report = plan_layouts(spec, preset, site, partition.gpus_per_node, world, global_batch,
-                          Path(ns.data_dir or site.defaults.data_dir or "data"))
-    report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes)
+    if ns.verify is not None:  # before the planning: refused here if this machine cannot
+        plan_verify.check_runnable(target, ns.nodes, world)
+    data_dir = Path(ns.data_dir or site.defaults.data_dir or "data")
+    report = plan_layouts(spec, preset, site, target.per_node, world, global_batch, data_dir,
+                          device_kind=target.device_kind, memory_bytes=target.memory_bytes)
+    report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes,
+                  devices=target.devices, memory_source=target.memory_source)
+    if ns.verify is not None:  # --verify K: the K best trained here (commands/plan_verify)
+        report["verify"] = plan_verify.verify(report, ns.verify, spec, preset, target,
+                                              data_dir)
     if ns.format == "json":
         print(json.dumps(report, indent=2))
     else:
         print(render(report, ns.top), end="")
-    return 0
+        if ns.verify is not None:
+            print(plan_verify.render(report["verify"]), end="")
+    return plan_verify.exit_code(report["verify"]) if ns.verify is not None else 0
 
 
 def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
@@ -72,7 +81,8 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
     device = planner.Device(device_kind or site.accelerator, gpus_per_node,
                             memory_bytes or site.device_memory_bytes,
                             site.device_peak_flops, site.intra_node_bytes_per_s,
-                            site.inter_node_bytes_per_s)
+                            site.inter_node_bytes_per_s, site.intra_node_latency_s,
+                            site.inter_node_latency_s)
     caps = spec.capabilities
     with tempfile.TemporaryDirectory(prefix="ddl-plan-") as tmp:
         source = _batch_source(workload, data_dir, Path(tmp))
@@ -94,8 +104,9 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                                  search.CHECKPOINTING.index(p.candidate.checkpointing),
                                  p.memory_bytes))
     return {"world": world, "gpus_per_node": gpus_per_node, "global_batch": global_batch,
-            "device_memory_bytes": site.device_memory_bytes,
-            "model": "ddl.settings.memory_model + ddl.settings.layout_search (docs/plan.md)",
+            "device_memory_bytes": memory_bytes or site.device_memory_bytes,
+            "model": "ddl.settings.memory_model + ddl.settings.step_time_model "
+                     "(docs/plan.md)",
             "ranked_by": "predicted step time" if timed else "bytes communicated per step",
             "fits": [p.as_dict() for p in fits],
             "dropped": [p.as_dict() for p in predictions if p.dropped]}
@@ -115,13 +126,14 @@ def _batch_source(workload, data_dir: Path, tmp: Path) -> Path:
 def render(report: dict, top: int) -> str:
     fits, dropped = report["fits"], report["dropped"]
     lines = [f"{report['plugin']} {report['preset']} on {report['site']}: {report['nodes']} "
-             f"node(s) x {report['gpus_per_node']} GPUs, global batch "
-             f"{report['global_batch']}, {_gib(report['device_memory_bytes'])} per device",
+             f"node(s) x {report['gpus_per_node']} {report.get('devices', 'GPUs')}, global "
+             f"batch {report['global_batch']}, {_gib(report['device_memory_bytes'])} per "
+             f"device ({report.get('memory_source', 'the site profile')})",
              ""]
-    heads = ["#", "mesh", "micro", "accum", "ckpt", "memory/rank", "step (s)"]
+    heads = ["#", "mesh", "micro", "accum", "ckpt", "memory/rank", "step (s)", "comm"]
     rows = [[str(i + 1), _mesh(p["mesh"]), str(p["micro_batch"]), str(p["accumulation"]),
              p["activation_checkpointing"], _gib(p["memory_per_rank_bytes"]),
-             "-" if p["step_s"] is None else f"{p['step_s']:.3g}"]
+             "-" if p["step_s"] is None else f"{p['step_s']:.3g}", _comm_share(p)]
             for i, p in enumerate(fits[:top])]
     if rows:
         widths = [max(len(r[k]) for r in [heads, *rows]) for k in range(len(heads))]
@@ -143,6 +155,14 @@ def render(report: dict, top: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _comm_share(p: dict) -> str:
+    """The communication's share of the predicted step (step_time_model, no overlap)."""
+    timed = p.get("step_time")
+    if not timed or not timed["step_s"]:
+        return "-"
+    return f"{sum(timed['comm_s'].values()) / timed['step_s']:.0%}"
+
+
 def _reason(text: str) -> str:
     return "over the device memory" if text.startswith("needs ") else text
 
@@ -152,4 +172,7 @@ def _mesh(degrees: dict[str, int]) -> str:
 
 
 def _gib(nbytes: int) -> str:
+    if nbytes < 1024 ** 3:  # a tiny CPU model's state is kilobytes, not "0.0 GiB"
+        return f"{nbytes / 1024 ** 2:.1f} MiB" if nbytes >= 1024 ** 2 else \
+            f"{nbytes / 1024:.1f} KiB"
     return f"{nbytes / 1024 ** 3:.1f} GiB"

@@ -1,4 +1,4 @@
-"""The layouts ``ddl plan`` considers for a world, and its first step-time estimate.
+"""The layouts ``ddl plan`` considers for a world, and the bytes each moves per step.
 
 Candidates: every pp x dp_replicate x dp_shard x tp whose product is the world, with tp
 dividing the GPUs of one node (its all-reduces sit inside every layer: they must stay on
@@ -7,12 +7,9 @@ split of the global batch into micro-batch x accumulation over the layout's repl
 activation checkpointing mode. Pipelines run 1F1B (GPipe's bubble, less memory) with
 2 x pp micro-batches, or pp where 2 x pp does not divide the micro-batch.
 
-Step time, a first model (docs/plan.md): compute = training FLOPs of the global batch /
-world / (peak x ASSUMED_MFU), stretched by the pipeline bubble (pp - 1) / (m + pp - 1) and
-by full checkpointing's extra forward (x 4/3); communication = bytes each rank moves per
-step through ring collectives / the bandwidth of the slowest link its groups cross. No
-overlap of the two is assumed. The alpha-beta model of collectives and measured link
-numbers (`ddl doctor --collectives`) are a later step (issue 41, item 2).
+Step time: ddl.settings.step_time_model (compute from FLOPs and the device's rate, an
+alpha-beta model of the collectives, the pipeline bubble; docs/plan.md). What is here counts
+the bytes each layout moves, which ranks layouts where no link numbers are known.
 """
 
 from __future__ import annotations
@@ -24,8 +21,6 @@ from ddl.contract.layout import DIMS, ParallelLayout
 
 CHECKPOINTING = ("none", "selective", "full")
 SCHEDULE = "1f1b"
-ASSUMED_MFU = 0.4  # a plausible fraction of peak for a large dense model; ranks only
-RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # selective redoes cheap ops only
 
 
 @dataclass(frozen=True)
@@ -81,18 +76,6 @@ def candidates(world: int, gpus_per_node: int, global_batch: int, *, tp_ok: bool
                 yield Candidate(layout, micro, per_replica // micro, mode, m)
 
 
-def bubble(candidate: Candidate) -> float:
-    pp, m = candidate.layout.pp, candidate.microbatches
-    return (pp - 1) / (m + pp - 1) if pp > 1 else 0.0
-
-
-def compute_seconds(candidate: Candidate, flops_per_sample: float, global_batch: int,
-                    peak_flops: float) -> float:
-    world = candidate.layout.world_size
-    busy = flops_per_sample * global_batch / world / (peak_flops * ASSUMED_MFU)
-    return busy * RECOMPUTE[candidate.checkpointing] / (1 - bubble(candidate))
-
-
 def crosses_nodes(layout: ParallelLayout, dim: str, gpus_per_node: int) -> bool:
     return any(len({rank // gpus_per_node for rank in group}) > 1
                for group in layout.groups(dim))
@@ -123,14 +106,3 @@ def comm_bytes(candidate: Candidate, full_param_bytes: int, tp_bytes_per_sample:
     if p.pp > 1:
         out["pp"] = 2 * boundary_bytes_per_sample * samples
     return out
-
-
-def comm_seconds(candidate: Candidate, moved: dict[str, float], gpus_per_node: int,
-                 intra_bytes_per_s: float, inter_bytes_per_s: float) -> float:
-    """Each dimension's bytes over its slowest link: inside a node the device's link, across
-    nodes its share of the node's network."""
-    per_device_inter = inter_bytes_per_s / gpus_per_node
-    return sum(nbytes / (per_device_inter if crosses_nodes(candidate.layout, dim,
-                                                           gpus_per_node)
-                         else intra_bytes_per_s)
-               for dim, nbytes in moved.items())

@@ -182,6 +182,12 @@ class SiteProfile(_Strict):
     inter_node_bytes_per_s: float | None = Field(
         None, gt=0, description="one node's network injection bandwidth (all its NICs), one "
         "direction, for `ddl plan`'s step-time estimate")
+    intra_node_latency_s: float | None = Field(
+        None, gt=0, description="latency of one message between two devices of a node (one "
+        "step of a ring collective: alpha), in seconds, for `ddl plan`'s step-time estimate")
+    inter_node_latency_s: float | None = Field(
+        None, gt=0, description="latency of one message between two nodes (one ring step "
+        "across the network: alpha), in seconds, for `ddl plan`'s step-time estimate")
     backend: Literal["gloo", "nccl"] = Field(
         description="torch.distributed backend; 'nccl' also means RCCL on ROCm builds")
     launcher: Literal["local", "srun", "torchrun", "torchrun_jsc"] = Field(

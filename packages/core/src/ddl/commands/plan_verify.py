@@ -1,0 +1,240 @@
+"""``ddl plan --verify [K]``: train the plan's K best layouts here, a few steps each, and set
+what each run measured beside what the plan predicted (issue 41, item 5).
+
+Each layout runs as a real ``ddl train`` in a subprocess of this installation (the plan's
+own flags: ``--mesh``, micro-batch, checkpointing, pipeline micro-batches and schedule, with
+the plan's global batch) for 2 epochs of 3 steps, in a temporary run directory that is
+deleted afterwards. The numbers come from its results.json, as every run records them:
+
+- model state: ``memory_per_rank[].model_state_bytes`` (the tensors each rank holds);
+- activations: ``memory_per_rank[].saved_for_backward_bytes``, ddl's saved-tensor meter
+  (ddl.worker.activation_memory: the high-water mark of what the rank holds for backward,
+  a pipeline's micro-batches in flight included); xsum trims each batch to its longest
+  sequence where the plan predicts the untrimmed batch, a bound (ddl.worker.plan_probe);
+- peak: on a GPU torch's peak allocation (``device_peak_allocated_bytes``; the plan's
+  memory/rank adds the runtime reserve, which the allocator does not see); on a CPU the
+  process's peak resident set (``peak_rss_bytes``), which also holds Python, torch and the
+  data: the plan counts only the training tensors there (no runtime reserve on a CPU);
+- step time: the second epoch's training time over its steps (the first is warm-up, as in
+  every ddl summary), against the plan's ``step_s`` where the plan predicts one ("n/a"
+  where it does not: a site without a peak FLOP rate and link speeds, e.g. ``local``).
+
+Predicted values are the fullest rank's (the plan's row: most model state + activations);
+measured ones are the rank the run measured fullest by the same sum (``measured.rank``).
+
+All of a plan's layouts share one world size (nodes x processes per node), so either this
+machine can run them all or none: a GPU plan needs that many GPUs here, on one node.
+A layout squeezed onto fewer ranks than it was planned for would be another layout (other
+shards, other batches per rank), proving nothing about the plan, so that is refused in one
+line before any planning, not run as a stand-in. On a CPU, any number of processes runs
+here; a CPU plan of several nodes runs on this one machine (its memory is the same per
+rank; its step times are not the site's, and a note says so).
+
+No torch at module level (``ddl plan --help`` must stay fast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ddl.contract.errors import UsageError
+
+EPOCHS, STEPS = 2, 3  # the first epoch is warm-up: step time from the second
+
+
+def check_runnable(target, nodes: int, world: int) -> None:
+    """Refuse ``--verify`` when this machine cannot run the plan's layouts as planned."""
+    if target.device_kind == "cpu":
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if nodes > 1 or world > have:
+        where = f"{nodes} nodes x {world // nodes}" if nodes > 1 else f"{world}"
+        raise UsageError(
+            f"--verify: the plan's layouts run on {where} GPUs and this machine has {have}; "
+            "a layout on fewer ranks is another layout, so none is run as a stand-in; "
+            f"allowed: --verify on a machine with {world} GPUs (one node: --nodes 1, "
+            "--nproc up to its GPUs), or --site local to plan and verify this machine's "
+            "CPU processes")
+
+
+def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path
+           ) -> dict[str, Any]:
+    """Train the ``k`` best of ``report["fits"]`` here; per layout predicted and measured."""
+    from ddl.commands.plan import _batch_source
+
+    fits = report["fits"]
+    chosen = fits[:k]
+    notes = []
+    if len(fits) < k:
+        notes.append(f"only {len(fits)} layout(s) fit: {len(chosen)} verified, not {k}")
+    if report["nodes"] > 1:
+        notes.append(f"the {report['nodes']} nodes' {report['world']} processes ran on this "
+                     "one machine: its memory per rank is the plan's, its step times are "
+                     "not the site's")
+    layouts = []
+    with tempfile.TemporaryDirectory(prefix="ddl-plan-verify-") as tmp:
+        data = _batch_source(spec.create(preset), data_dir, Path(tmp) / "data")
+        if data != data_dir:
+            notes.append(f"no {report['plugin']} data in {data_dir}: the runs trained on a "
+                         "synthetic stand-in in the same format (memory and time depend on "
+                         "shapes, not values)")
+        for i, row in enumerate(chosen):
+            _note(f"--verify: layout {i + 1}/{len(chosen)}: ddl train "
+                  + " ".join(row["flags"]))
+            layouts.append(measure(row, report, target.device_kind, data,
+                                   Path(tmp) / f"layout-{i + 1}"))
+    return {"requested": k, "device": target.device_kind, "processes": report["world"],
+            "epochs": EPOCHS, "steps_per_epoch": STEPS, "layouts": layouts,
+            "notes": notes, "how": _how(target.device_kind)}
+
+
+def train_command(row: dict[str, Any], report: dict[str, Any], device_kind: str,
+                  data_dir: Path, run_dir: Path) -> list[str]:
+    """The ``ddl train`` that runs ``row``'s layout here, as the plan describes it."""
+    return [sys.executable, "-m", "ddl.commands.cli", "train",
+            "--plugin", report["plugin"], "--preset", report["preset"],
+            "--site", report["site"], "--launcher", "local",
+            "--device", "cpu" if device_kind == "cpu" else "cuda",
+            "--nproc", str(report["world"]),
+            "--global-batch-size", str(report["global_batch"]), *row["flags"],
+            "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
+            "--keep-checkpoints", "0", "--data-dir", str(data_dir),
+            "--run-dir", str(run_dir)]
+
+
+def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_dir: Path,
+            run_dir: Path) -> dict[str, Any]:
+    """One real run of ``row``'s layout: the plan's prediction and what the run measured
+    (``status`` "measured"), or why it did not finish (``status`` "failed")."""
+    out: dict[str, Any] = {key: row[key] for key in (
+        "mesh", "micro_batch", "accumulation", "activation_checkpointing", "flags")}
+    out["predicted"] = {"model_state_bytes": row["model_state_bytes"],
+                        "activation_bytes": row["activation_bytes"],
+                        "memory_per_rank_bytes": row["memory_per_rank_bytes"],
+                        "step_s": row.get("step_s")}
+    proc = subprocess.run(train_command(row, report, device_kind, data_dir, run_dir),
+                          capture_output=True, text=True, errors="replace",
+                          env=dict(os.environ))
+    results_file = run_dir / "results.json"
+    if proc.returncode != 0 or not results_file.exists():
+        out.update(status="failed", measured=None,
+                   why=f"exit code {proc.returncode}: {_last_line(proc)}")
+        return out
+    out.update(status="measured", why=None, measured=measured(json.loads(
+        results_file.read_text())))
+    if out["measured"]["mesh"] != row["mesh"]:  # ddl train must run what the plan said
+        out.update(status="failed", why=f"ran {out['measured']['mesh']}, not the plan's mesh")
+    out["ratio"] = {key: _ratio(out["measured"][m], out["predicted"][p]) for key, m, p in (
+        ("model_state", "model_state_bytes", "model_state_bytes"),
+        ("activations", "activation_bytes", "activation_bytes"),
+        ("peak", "peak_bytes", "memory_per_rank_bytes"), ("step", "step_s", "step_s"))}
+    return out
+
+
+def measured(results: dict[str, Any]) -> dict[str, Any]:
+    """What a finished run measured on its fullest rank (results.json fields): the rank
+    with the most model state + activations, as the plan's row is the rank it predicts
+    fullest. (Not each field's largest over the ranks: under a pipeline the first stage
+    holds the most activations and the last may hold the most parameters, and a plan's
+    row is one rank.)"""
+    ranks = results.get("memory_per_rank") or [{}]
+    rank = max(range(len(ranks)), key=lambda i: (ranks[i].get("model_state_bytes") or 0)
+               + (ranks[i].get("saved_for_backward_bytes") or 0))
+    fullest = ranks[rank]
+    peak_key = ("device_peak_allocated_bytes" if "device_peak_allocated_bytes" in fullest
+                else "peak_rss_bytes")
+    summary, steps = results.get("summary") or {}, results.get("steps_per_epoch")
+    epoch_s = summary.get("epoch_time_s")
+    return {"mesh": results["world"]["parallel"], "rank": rank,
+            "model_state_bytes": fullest.get("model_state_bytes"),
+            "activation_bytes": fullest.get("saved_for_backward_bytes"),
+            "peak_bytes": fullest.get(peak_key), "peak_source": peak_key,
+            "step_s": epoch_s / steps if epoch_s and steps else None}
+
+
+def exit_code(verified: dict[str, Any]) -> int:
+    """1 when a layout the plan says fits did not train (the output says which), else 0."""
+    return 1 if any(row["status"] != "measured" for row in verified["layouts"]) else 0
+
+
+def render(verified: dict[str, Any]) -> str:
+    rows, lines = verified["layouts"], [""]
+    lines.append(f"verify: {len(rows)} layout(s) trained here ({verified['processes']} "
+                 f"{verified['device']} processes, {verified['epochs']} epochs x "
+                 f"{verified['steps_per_epoch']} steps); predicted / measured on the "
+                 "fullest rank")
+    heads = ["#", "mesh", "micro", "accum", "ckpt", "model state", "activations", "peak",
+             "step (s)"]
+    table = [heads]
+    for i, row in enumerate(rows):
+        p, m = row["predicted"], row["measured"] or {}
+        table.append([str(i + 1), _mesh(row["mesh"]), str(row["micro_batch"]),
+                      str(row["accumulation"]), row["activation_checkpointing"],
+                      _pair(p["model_state_bytes"], m.get("model_state_bytes"), _bytes),
+                      _pair(p["activation_bytes"], m.get("activation_bytes"), _bytes),
+                      _pair(p["memory_per_rank_bytes"], m.get("peak_bytes"), _bytes),
+                      _pair(p["step_s"], m.get("step_s"), _seconds)])
+    widths = [max(len(r[k]) for r in table) for k in range(len(heads))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines += [f"  #{i + 1} {row['status']}: {row['why']}" for i, row in enumerate(rows)
+              if row["status"] != "measured"]
+    lines += [f"  {text}" for text in verified["how"] + verified["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def _how(device_kind: str) -> list[str]:
+    peak = ("peak: measured is torch's peak allocation; the plan's adds the runtime reserve"
+            if device_kind != "cpu" else
+            "peak: measured is each process's peak resident set (Python, torch and the data "
+            "too); the plan's counts model state and activations only")
+    return ["activations: measured by ddl's saved-tensor meter (the most a rank held for "
+            "backward); a workload that trims its batches (xsum) measures below the plan's "
+            "bound", peak,
+            "step: the second epoch's time per step; n/a where the plan has no step time"]
+
+
+def _pair(predicted, measured, fmt) -> str:
+    return f"{fmt(predicted)} / {fmt(measured)}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _seconds(s: float | None) -> str:
+    return "n/a" if s is None else f"{s:.3g}"
+
+
+def _ratio(measured_value, predicted_value) -> float | None:
+    if measured_value is None or not predicted_value:
+        return None
+    return measured_value / predicted_value
+
+
+def _mesh(degrees: dict[str, int]) -> str:
+    return ",".join(f"{d}={n}" for d, n in degrees.items() if n > 1) or "1 process"
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    """The run's own account of why it stopped: its ``ddl: error:`` line, else its last."""
+    text = [line.strip() for line in (proc.stderr + "\n" + proc.stdout).splitlines()
+            if line.strip()]
+    errors = [line for line in text if line.startswith("ddl: error:")]
+    return (errors or text or ["no output"])[-1][:300]
+
+
+def _note(text: str) -> None:
+    print(f"ddl: note: {text}", file=sys.stderr, flush=True)

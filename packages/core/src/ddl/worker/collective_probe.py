@@ -1,0 +1,138 @@
+"""``ddl doctor --collectives``: time all-reduce, all-gather, reduce-scatter and
+point-to-point between processes on this node and fit the alpha-beta model of
+ddl.settings.step_time_model to them.
+
+N processes (spawned: a CUDA driver must not be forked) join one process group over
+127.0.0.1 - gloo on CPUs, NCCL on GPUs, one GPU each - with the rendezvous store opened by
+the parent on a port the kernel picks (``port=0``: nothing to race for). Each rank runs one
+thread, as ddl's CPU workers do when there are as many ranks as cores. For every operation
+and message size: two warm-up calls, then ``repeats`` timings of ``inner`` calls back to
+back; a timing is the slowest rank's (a collective ends when its last rank is done), the
+size's time the median timing / ``inner``. Sizes are the bytes of the whole buffer (the
+all-reduced tensor, the all-gather's output, the reduce-scatter's input, one message).
+Point-to-point is a ring shift: every rank sends to the next and receives from the previous
+at once, as the stages of a pipeline do.
+
+The fit (``step_time_model.fit_alpha_beta``) weighs every size by its relative error, so
+the small messages decide alpha and the large ones beta.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from datetime import timedelta
+from typing import Any
+
+from ddl.settings import step_time_model as stm
+
+KIB, MIB = 1024, 1024 ** 2
+CPU_SIZES = (4 * KIB, 64 * KIB, 512 * KIB, 4 * MIB, 16 * MIB)
+GPU_SIZES = (64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+TIMEOUT_S = 120.0
+
+
+def _run_op(op: str, buffers: dict, rank: int, world: int) -> None:
+    import torch.distributed as dist
+
+    if op == "all_reduce":
+        dist.all_reduce(buffers["full"])
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(buffers["full"], buffers["shard"])
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(buffers["shard"], buffers["full"])
+    else:  # ring shift
+        sends = [dist.isend(buffers["full"], (rank + 1) % world),
+                 dist.irecv(buffers["other"], (rank - 1) % world)]
+        for work in sends:
+            work.wait()
+
+
+def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int, ...],
+               repeats: int, ops: tuple[str, ...], queue) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # gloo's *_tensor names
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                          timeout=timedelta(seconds=TIMEOUT_S))
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=TIMEOUT_S),
+                            **({"device_id": device} if backend == "nccl" else {}))
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    out: dict[str, dict[int, float]] = {op: {} for op in ops}
+    try:
+        for op in ops:
+            for nbytes in sizes:
+                numel = max(nbytes // 4 // world, 1) * world  # fp32, divisible by the world
+                buffers = {"full": torch.ones(numel, device=device),
+                           "other": torch.empty(numel, device=device),
+                           "shard": torch.ones(numel // world, device=device)}
+                inner = 10 if nbytes < MIB else 2
+                for _ in range(2):
+                    _run_op(op, buffers, rank, world)
+                sync()
+                timings = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(inner):
+                        _run_op(op, buffers, rank, world)
+                    sync()
+                    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64,
+                                           device=device)
+                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                    timings.append(float(elapsed.item()) / inner)
+                out[op][numel * 4] = statistics.median(timings)
+        if rank == 0:
+            queue.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(nproc: int, backend: str = "gloo", sizes: tuple[int, ...] | None = None,
+            repeats: int = 5, ops: tuple[str, ...] = stm.OPS) -> dict[str, Any]:
+    """Timings of ``ops`` between ``nproc`` local processes and their fits: ``{"backend",
+    "nproc", "seconds": {op: {bytes: s}}, "fits": {op: {...}, "all": {...}}}``."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    sizes = tuple(sizes or (GPU_SIZES if backend == "nccl" else CPU_SIZES))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=TIMEOUT_S))
+    mp.start_processes(_rank_main, args=(nproc, store.port, backend, sizes, repeats, ops,
+                                         queue),
+                       nprocs=nproc, join=True, start_method="spawn")
+    seconds = queue.get(timeout=TIMEOUT_S)
+    return {"backend": backend, "nproc": nproc, "repeats": repeats,
+            "seconds": {op: {str(n): t for n, t in by_size.items()}
+                        for op, by_size in seconds.items()},
+            "fits": fits(seconds, nproc)}
+
+
+def fits(seconds: dict[str, dict[int, float]], nproc: int) -> dict[str, dict[str, float]]:
+    """One alpha-beta fit per operation and one over all of them."""
+    out = {}
+    every = []
+    for op, by_size in seconds.items():
+        points = [(op, int(n), t) for n, t in by_size.items()]
+        every += points
+        out[op] = stm.fit_alpha_beta(points, nproc)
+    out["all"] = stm.fit_alpha_beta(every, nproc)
+    return out

@@ -1,0 +1,39 @@
+"""`ddl doctor --collectives` on this machine: two processes time real gloo all-reduce,
+all-gather, reduce-scatter and point-to-point at every size, and the fits come back with the
+site profile's numbers beside them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_ddl
+from ddl.settings import step_time_model as stm
+
+pytestmark = pytest.mark.distributed
+
+
+def test_collectives_are_timed_and_fitted(tmp_path):
+    proc = run_ddl("doctor", "--collectives", "--nproc", "2", "--site", "local",
+                   "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    measured = json.loads(proc.stdout)
+    assert measured["backend"] == "gloo" and measured["nproc"] == 2
+    assert set(measured["seconds"]) == set(stm.OPS)
+    for op, by_size in measured["seconds"].items():
+        sizes = sorted(by_size, key=int)
+        assert len(sizes) >= 4 and all(by_size[n] > 0 for n in sizes), op
+        # the largest buffer really moved: no faster than 100 GB/s, beyond this machine's
+        # memory (a skipped or empty collective takes microseconds); others' load only
+        # adds time, so this holds on a busy machine too
+        assert by_size[sizes[-1]] > int(sizes[-1]) / 1e11, (op, by_size)
+        fit = measured["fits"][op]
+        assert fit["latency_s"] >= 0 and 0 < fit["bytes_per_s"] < float("inf"), (op, fit)
+        # the fitted line passes near the largest message's time (bandwidth-bound); loose:
+        # the fit itself is checked exactly in tests/unit/test_step_time_model.py
+        predicted = stm.Link(fit["latency_s"], fit["bytes_per_s"]).seconds(
+            op, int(sizes[-1]), 2)
+        assert by_size[sizes[-1]] / 3 < predicted < 3 * by_size[sizes[-1]], (op, fit, by_size)
+    assert measured["fits"]["all"]["points"] == 4 * len(measured["seconds"]["p2p"])
+    assert measured["site"]["name"] == "local"

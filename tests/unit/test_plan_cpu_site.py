@@ -1,0 +1,59 @@
+"""`ddl plan` on a CPU site: `--site local` plans this machine's processes (`--nproc`, else
+the site's 2), each with its share of the memory the machine has available (MemAvailable /
+processes, as `ddl train --mesh auto` counts it); what cannot be planned is one line and
+exit 2 (several nodes of one machine, a CPU cluster that gives no memory per process,
+more processes than a GPU node has GPUs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import assert_one_line_error, run_ddl
+from ddl.commands.plan_target import available_memory
+
+pytestmark = pytest.mark.unit
+
+
+def test_local_plans_this_machines_processes(synthetic_mnist, tmp_path):
+    before = available_memory()
+    proc = run_ddl("plan", "--plugin", "mnist", "--preset", "tiny", "--site", "local",
+                   "--nproc", "4", "--data-dir", str(synthetic_mnist), "--format", "json",
+                   cwd=tmp_path)
+    after = available_memory()
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["world"] == report["gpus_per_node"] == 4 and report["nodes"] == 1
+    assert report["devices"] == "processes" and "MemAvailable" in report["memory_source"]
+    # a quarter of what the machine had available while it planned (other work moves it)
+    share = report["device_memory_bytes"]
+    assert min(before, after) // 4 * 0.8 < share < max(before, after) // 4 * 1.2
+    assert report["fits"] and report["ranked_by"] == "bytes communicated per step"
+    for row in report["fits"]:
+        mesh = row["mesh"]
+        assert mesh["pp"] * mesh["dp_replicate"] * mesh["dp_shard"] * mesh["tp"] == 4
+        assert 0 < row["model_state_bytes"] <= row["memory_per_rank_bytes"] <= share
+
+
+def test_local_table_names_processes_and_defaults_to_two(synthetic_mnist, tmp_path):
+    proc = run_ddl("plan", "--plugin", "mnist", "--preset", "tiny", "--site", "local",
+                   "--data-dir", str(synthetic_mnist), "--top", "2", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    head = proc.stdout.splitlines()[0]
+    assert head.startswith("mnist tiny on local: 1 node(s) x 2 processes, global batch 64, ")
+    assert "MemAvailable) / 2 processes" in head
+    assert "KiB" in proc.stdout or "MiB" in proc.stdout  # a tiny model is not "0.0 GiB"
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--site", "local", "--nodes", "2"], ["--nodes: 2; site local is this machine",
+                                           "allowed: 1 (more processes: --nproc N)"]),
+    (["--site", "local", "--nproc", "0"], ["--nproc: 0; allowed: a whole number >= 1"]),
+    (["--site", "local-slurm"], ["--site: local-slurm is a CPU site of other machines",
+                                 "device_memory_bytes"]),
+    (["--site", "juwels", "--nproc", "8"], ["--nproc: 8; a juwels-booster node has 4 GPUs",
+                                            "allowed: 1 to 4"]),
+])
+def test_what_cannot_be_planned_is_one_line(tmp_path, args, needles):
+    assert_one_line_error(run_ddl("plan", "--plugin", "mnist", *args, cwd=tmp_path), *needles)

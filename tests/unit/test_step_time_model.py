@@ -1,0 +1,183 @@
+"""The step-time model (ddl.settings.step_time_model): the ring formulas of each collective,
+the alpha-beta fit, what each layout communicates, the pipeline bubble, CPU ranks sharing
+cores; `ddl plan`'s JSON carrying the breakdown; `ddl doctor --collectives`' table and bad
+input. The real collectives are timed in tests/distributed/test_doctor_collectives.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import assert_one_line_error, run_ddl
+from ddl.settings import step_time_model as stm
+
+pytestmark = pytest.mark.unit
+
+ALPHA, BW = 5e-6, 1e10  # 5 us, 10 GB/s
+LINK = stm.Link(ALPHA, BW)
+
+
+@pytest.mark.parametrize("op, p, want", [
+    ("all_reduce", 4, 2 * 3 * ALPHA + 2 * 3 / 4 * 1e8 / BW),
+    ("all_gather", 4, 3 * ALPHA + 3 / 4 * 1e8 / BW),
+    ("reduce_scatter", 8, 7 * ALPHA + 7 / 8 * 1e8 / BW),
+    ("p2p", 2, ALPHA + 1e8 / BW),
+    ("all_reduce", 1, 0.0),  # one rank sends nothing
+])
+def test_ring_formulas(op, p, want):
+    assert LINK.seconds(op, 1e8, p) == pytest.approx(want, rel=1e-12)
+
+
+def test_unknown_collective_is_refused():
+    with pytest.raises(ValueError, match="all_to_all"):
+        stm.ring_factors("all_to_all", 4)
+
+
+def test_fit_recovers_alpha_and_beta():
+    sizes = [4096, 65536, 2 ** 20, 2 ** 24]
+    points = [(op, n, LINK.seconds(op, n, 4)) for op in stm.OPS for n in sizes]
+    fit = stm.fit_alpha_beta(points, 4)
+    assert fit["latency_s"] == pytest.approx(ALPHA, rel=1e-6)
+    assert fit["bytes_per_s"] == pytest.approx(BW, rel=1e-6)
+    assert fit["worst_error"] < 1e-9 and fit["points"] == 16
+    # noise of +-10 % moves the fit by about as much, not more
+    noisy = [(op, n, t * (1.1 if i % 2 else 0.9)) for i, (op, n, t) in enumerate(points)]
+    fit = stm.fit_alpha_beta(noisy, 4)
+    assert fit["latency_s"] == pytest.approx(ALPHA, rel=0.25)
+    assert fit["bytes_per_s"] == pytest.approx(BW, rel=0.25)
+    assert 0.05 < fit["worst_error"] < 0.3
+
+
+def test_fit_clamps_a_negative_latency():
+    # pure bandwidth with a small message measured fast: alpha would come out negative
+    points = [("p2p", 1000, 0.5e-7), ("p2p", 10 ** 6, 1e-4), ("p2p", 10 ** 7, 1e-3)]
+    fit = stm.fit_alpha_beta(points, 2)
+    # the bandwidth alone then fits the three rates (2e10, 1e10, 1e10 B/s), each weighed by
+    # its relative error: 1.5e10
+    assert fit["latency_s"] == 0.0 and fit["bytes_per_s"] == pytest.approx(1.5e10)
+    with pytest.raises(ValueError, match="two"):
+        stm.fit_alpha_beta(points[:1], 2)
+
+
+NET = stm.Network(stm.Link(ALPHA, BW), stm.Link(10 * ALPHA, 4 * BW), gpus_per_node=4)
+SIZES = stm.Sizes(param_bytes=4e8, rowwise_bytes=1e6, boundary_bytes=2e6)
+
+
+def test_each_layout_communicates_what_it_should():
+    intra = NET.intra
+    ddp = stm.comm_seconds(stm.StepLayout(dp_replicate=4, micro_batch=8), SIZES, NET)
+    assert ddp == {"dp_replicate": pytest.approx(intra.seconds("all_reduce", 4e8, 4))}
+    # FSDP: per micro-step two all-gathers (forward, backward) and a reduce-scatter
+    fsdp = stm.comm_seconds(stm.StepLayout(dp_shard=4, micro_batch=8, accumulation=3),
+                            SIZES, NET)
+    per_micro = 2 * intra.seconds("all_gather", 4e8, 4) + intra.seconds("reduce_scatter",
+                                                                        4e8, 4)
+    assert fsdp["dp_shard"] == pytest.approx(3 * per_micro)
+    # HSDP: the replicas all-reduce only their shard of the gradients
+    hsdp = stm.comm_seconds(stm.StepLayout(dp_replicate=2, dp_shard=2, micro_batch=8),
+                            SIZES, NET)
+    assert hsdp["dp_replicate"] == pytest.approx(intra.seconds("all_reduce", 2e8, 2))
+    # TP: an all-reduce forward and one backward of the row-parallel outputs per pass
+    tp = stm.comm_seconds(stm.StepLayout(tp=2, dp_replicate=2, micro_batch=8), SIZES, NET)
+    assert tp["tp"] == pytest.approx(2 * intra.seconds("all_reduce", 8e6, 2))
+    assert tp["dp_replicate"] == pytest.approx(intra.seconds("all_reduce", 2e8, 2))
+    # PP: per micro-batch one message forward and one back
+    pp = stm.comm_seconds(stm.StepLayout(pp=2, dp_replicate=2, micro_batch=8,
+                                         microbatches=4), SIZES, NET)
+    assert pp["pp"] == pytest.approx(2 * 4 * intra.seconds("p2p", 4e6, 2))
+
+
+def test_groups_across_nodes_share_the_node_network():
+    layout = stm.StepLayout(dp_replicate=8, micro_batch=8)
+    across = stm.comm_seconds(layout, SIZES, NET, {"dp_replicate": True})
+    slow = stm.Link(10 * ALPHA, 4 * BW / 4)  # the node's injection bandwidth over 4 GPUs
+    assert across["dp_replicate"] == pytest.approx(slow.seconds("all_reduce", 4e8, 8))
+    assert across["dp_replicate"] > stm.comm_seconds(layout, SIZES, NET)["dp_replicate"]
+    with pytest.raises(ValueError, match="inter-node"):
+        stm.comm_seconds(layout, SIZES, stm.Network(NET.intra), {"dp_replicate": True})
+
+
+def test_bubble_and_recomputation_stretch_the_compute():
+    gpu = stm.Compute(peak_flops=1e14, efficiency=0.5)
+    flat = stm.step_time(stm.StepLayout(dp_replicate=4, micro_batch=10), 1e12, gpu, SIZES,
+                         NET)
+    assert flat.compute_s == pytest.approx(1e12 * 10 / 5e13) and flat.bubble == 0
+    piped = stm.step_time(stm.StepLayout(pp=4, micro_batch=8, microbatches=8), 1e12, gpu,
+                          SIZES, NET)
+    assert piped.bubble == pytest.approx(3 / 11)  # (p-1)/(m+p-1)
+    assert piped.compute_s == pytest.approx(1e12 * 8 / 4 / 5e13)
+    assert piped.total_s == pytest.approx(piped.compute_s / (1 - 3 / 11)
+                                          + sum(piped.comm_s.values()))
+    full = stm.compute_seconds(stm.StepLayout(micro_batch=10, checkpointing="full"), 1e12,
+                               gpu)
+    assert full == pytest.approx(flat.compute_s * 4 / 3)
+
+
+def test_cpu_ranks_split_threads_then_share_cores():
+    cpu = stm.Compute(peak_flops=1e10, efficiency=1.0, fixed_s=0.01, cpu=True, cores=2,
+                      thread_efficiency=0.9)
+    one = stm.compute_seconds(stm.StepLayout(micro_batch=64), 1e8, cpu, local_ranks=1)
+    assert one == pytest.approx(64 * 1e8 / (1e10 * 2 * 0.9) + 0.01)  # 2 threads
+    two = stm.compute_seconds(stm.StepLayout(dp_replicate=2, micro_batch=32), 1e8, cpu,
+                              local_ranks=2)
+    assert two == pytest.approx(32 * 1e8 / 1e10 + 0.01)  # 1 thread, a core each
+    four = stm.compute_seconds(stm.StepLayout(dp_replicate=4, micro_batch=16), 1e8, cpu,
+                               local_ranks=4)
+    assert four == pytest.approx(2 * (16 * 1e8 / 1e10 + 0.01))  # two ranks per core
+    assert [stm.threads_per_rank(2, n) for n in (1, 2, 4)] == [2, 1, 1]
+    assert [stm.core_share(2, n, stm.threads_per_rank(2, n)) for n in (1, 2, 4)] == [1, 1, 2]
+
+
+def test_model_imports_without_torch():
+    code = ("import sys; import ddl.settings.step_time_model, ddl.settings.layout_search; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_json_carries_the_step_time(synthetic_mnist, tmp_path):
+    proc = run_ddl("plan", "--plugin", "mnist", "--preset", "tiny", "--site", "juwels",
+                   "--nodes", "2", "--global-batch-size", "64", "--data-dir",
+                   str(synthetic_mnist), "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ranked_by"] == "predicted step time"
+    steps = []
+    for row in report["fits"]:
+        timed = row["step_time"]
+        assert timed["step_s"] == row["step_s"] == pytest.approx(
+            timed["compute_s"] / (1 - timed["bubble"]) + sum(timed["comm_s"].values()))
+        mesh = row["mesh"]
+        assert (timed["bubble"] > 0) == (mesh["pp"] > 1)
+        # every dimension that moves bytes costs time, and only those
+        assert set(timed["comm_s"]) == set(row["comm_bytes_per_step"])
+        steps.append(row["step_s"])
+    assert steps == sorted(steps)
+    # pure DDP over the 8 GPUs of 2 nodes: its ring crosses the nodes, so its all-reduce runs
+    # at the juwels profile's network numbers (9.6 us a step; 100 GB/s a node, 4 GPUs)
+    ddp = next(r for r in report["fits"] if r["mesh"]["dp_replicate"] == 8)
+    sent = ddp["comm_bytes_per_step"]["dp_replicate"]  # 2 (p-1)/p of the gradients
+    assert ddp["step_time"]["comm_s"]["dp_replicate"] == pytest.approx(
+        14 * 9.6e-6 + sent / (1e11 / 4))
+
+
+def test_doctor_collectives_table_and_bad_input(tmp_path):
+    from ddl.commands.doctor import render_collectives
+    from ddl.settings.sites import get_site
+
+    measured = {"seconds": {"all_reduce": {"4096": 1e-4, "16777216": 1e-2}},
+                "fits": {"all_reduce": {"latency_s": 5e-5, "bytes_per_s": 1.5e9,
+                                        "worst_error": 0.12},
+                         "all": {"latency_s": 6e-5, "bytes_per_s": 1.4e9,
+                                 "worst_error": 0.2}}}
+    table = render_collectives(measured, get_site("juwels")).splitlines()
+    assert table[0].split()[:3] == ["op", "4", "KiB"]
+    assert table[1].split() == ["all_reduce", "100", "us", "10000", "us", "50.0", "us",
+                                "1.50", "GB/s", "12%"]
+    assert table[-1].split() == ["juwels-booster", "profile", "3.4", "us", "300.00", "GB/s"]
+    proc = run_ddl("doctor", "--collectives", "--nproc", "1", cwd=tmp_path)
+    assert_one_line_error(proc, "--nproc: 1", "2 or more")
+    proc = run_ddl("doctor", "--nproc", "2", cwd=tmp_path)
+    assert_one_line_error(proc, "--nproc", "only with --collectives")
