@@ -75,7 +75,7 @@ def _full(mesh: dict[str, int], world: int) -> dict[str, int]:
 def _plan_rows(plugin: str, world: int, data_dir: Path) -> dict:
     """`ddl plan --site local --nproc WORLD`'s report (every candidate, fitting or not)."""
     from ddl.commands.plan import plan_layouts
-    from ddl.commands.plan_target import available_memory
+    from ddl.contract.host_memory import available_bytes
     from ddl.contract.plugins import Plugins
     from ddl.settings.sites import get_site
 
@@ -83,7 +83,7 @@ def _plan_rows(plugin: str, world: int, data_dir: Path) -> dict:
     spec, site = plugins.workload(plugin), get_site("local", plugins)
     report = plan_layouts(spec, spec.presets["tiny"], site, world, world,
                           GLOBAL_BATCH[plugin], data_dir, device_kind="cpu",
-                          memory_bytes=available_memory() // world)
+                          memory_bytes=available_bytes() // world)
     report.update(plugin=plugin, preset="tiny", site="local", nodes=1)
     return report
 

@@ -12,7 +12,8 @@ Covered:
 - a rendezvous host that does not resolve (sites/local-slurm-nosuch.toml) stops the job
   at once with one line, before any worker starts;
 - a hand-written `srun ... apptainer run IMAGE train --site lumi` (the CPU image of
-  tests/system/conftest.py) gets LUMI's job environment and CPU binding from ddl itself.
+  tests/system/conftest.py) gets LUMI's job environment and CPU binding from ddl itself;
+- `ddl plan --verify --submit` trains the plan's best layout in one 2-node job.
 
 Jobs are waited for by polling `scontrol show job` with a deadline; nothing sleeps on timing.
 """
@@ -20,6 +21,7 @@ Jobs are waited for by polling `scontrol show job` with a deadline; nothing slee
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -361,6 +363,40 @@ def test_hand_written_srun_of_the_image_gets_the_lumi_environment(slurm, runtime
         assert ("ddl: note: rank 0: site lumi-g binds local rank 0 to CPUs 49-55, but this "
                 "node has CPUs") in proc.stderr, proc.stderr
         assert "bound to this rank" not in results["threads"]["source"], results["threads"]
+
+
+def test_plan_verify_trains_the_best_layout_in_one_job(slurm, synthetic_mnist, tmp_path):
+    """`ddl plan --verify 1 --submit` from the "login node": the plan is printed here, the
+    job trains its best layout for 2 nodes x 4 processes as an srun step over both nodes,
+    and plan.json holds the prediction beside what that run measured."""
+    out = tmp_path / "out"
+    proc = run_ddl("plan", "--plugin", "mnist", "--preset", "tiny", "--site", "local-slurm",
+                   "--nodes", "2", "--global-batch-size", "64", "--data-dir",
+                   str(synthetic_mnist), "--verify", "1", "--submit", "--output-dir", str(out),
+                   "--time", "00:10:00", cwd=tmp_path, env=slurm.env, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("mnist tiny on local-slurm: 2 node(s) x 4 processes, "
+                                  "global batch 64, 2.0 GiB per device"), proc.stdout
+    job_id = re.search(r"^ddl: submitted job (\d+) to local-slurm", proc.stdout, re.M)[1]
+    paths = dict(re.findall(r"^\s+(script|log|results):\s+(\S+)$", proc.stdout, re.M))
+    info = wait_for_job(slurm, job_id)
+    log = Path(paths["log"]).read_text() if Path(paths["log"]).exists() else "<no log>"
+    assert info["JobState"] == "COMPLETED", f"{info}\n{log}"
+    assert info["NumNodes"] == "2", info
+    assert "srun --nodes" not in Path(paths["script"]).read_text()  # plan starts the sruns
+
+    report = json.loads(Path(paths["results"]).read_text())
+    verified = report["verify"]
+    assert verified["slurm_job"] == job_id, verified
+    [layout] = verified["layouts"]
+    assert layout["status"] == "measured", layout
+    assert layout["mesh"] == report["fits"][0]["mesh"]  # the plan's best, as it ran
+    assert layout["measured"]["mesh"] == layout["mesh"]
+    assert math.prod(layout["mesh"].values()) == 8
+    assert 0.95 <= layout["ratio"]["model_state"] <= 1.05, layout
+    assert "predicted / measured" in log, log  # the table, in the job's log
+    # the layouts' run dirs and the job's scratch went with the job
+    assert sorted(p.name for p in Path(paths["results"]).parent.iterdir()) == ["plan.json"]
 
 
 def wait_for_restart(cluster: Cluster, job_id: str, timeout: float) -> dict:

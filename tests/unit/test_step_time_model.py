@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import assert_one_line_error, run_ddl
+from ddl.contract.layout import ParallelLayout
 from ddl.settings import step_time_model as stm
 
 pytestmark = pytest.mark.unit
@@ -68,30 +69,29 @@ SIZES = stm.Sizes(param_bytes=4e8, rowwise_bytes=1e6, boundary_bytes=2e6)
 
 def test_each_layout_communicates_what_it_should():
     intra = NET.intra
-    ddp = stm.comm_seconds(stm.StepLayout(dp_replicate=4, micro_batch=8), SIZES, NET)
+    ddp = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_replicate=4), micro_batch=8), SIZES, NET)
     assert ddp == {"dp_replicate": pytest.approx(intra.seconds("all_reduce", 4e8, 4))}
     # FSDP: per micro-step two all-gathers (forward, backward) and a reduce-scatter
-    fsdp = stm.comm_seconds(stm.StepLayout(dp_shard=4, micro_batch=8, accumulation=3),
+    fsdp = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_shard=4), micro_batch=8, accumulation=3),
                             SIZES, NET)
     per_micro = 2 * intra.seconds("all_gather", 4e8, 4) + intra.seconds("reduce_scatter",
                                                                         4e8, 4)
     assert fsdp["dp_shard"] == pytest.approx(3 * per_micro)
     # HSDP: the replicas all-reduce only their shard of the gradients
-    hsdp = stm.comm_seconds(stm.StepLayout(dp_replicate=2, dp_shard=2, micro_batch=8),
+    hsdp = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_replicate=2, dp_shard=2), micro_batch=8),
                             SIZES, NET)
     assert hsdp["dp_replicate"] == pytest.approx(intra.seconds("all_reduce", 2e8, 2))
     # TP: an all-reduce forward and one backward of the row-parallel outputs per pass
-    tp = stm.comm_seconds(stm.StepLayout(tp=2, dp_replicate=2, micro_batch=8), SIZES, NET)
+    tp = stm.comm_seconds(stm.StepLayout(ParallelLayout(tp=2, dp_replicate=2), micro_batch=8), SIZES, NET)
     assert tp["tp"] == pytest.approx(2 * intra.seconds("all_reduce", 8e6, 2))
     assert tp["dp_replicate"] == pytest.approx(intra.seconds("all_reduce", 2e8, 2))
     # PP: per micro-batch one message forward and one back
-    pp = stm.comm_seconds(stm.StepLayout(pp=2, dp_replicate=2, micro_batch=8,
-                                         microbatches=4), SIZES, NET)
+    pp = stm.comm_seconds(stm.StepLayout(ParallelLayout(pp=2, dp_replicate=2), micro_batch=8, microbatches=4), SIZES, NET)
     assert pp["pp"] == pytest.approx(2 * 4 * intra.seconds("p2p", 4e6, 2))
 
 
 def test_groups_across_nodes_share_the_node_network():
-    layout = stm.StepLayout(dp_replicate=8, micro_batch=8)
+    layout = stm.StepLayout(ParallelLayout(dp_replicate=8), micro_batch=8)
     across = stm.comm_seconds(layout, SIZES, NET, {"dp_replicate": True})
     slow = stm.Link(10 * ALPHA, 4 * BW / 4)  # the node's injection bandwidth over 4 GPUs
     assert across["dp_replicate"] == pytest.approx(slow.seconds("all_reduce", 4e8, 8))
@@ -102,10 +102,10 @@ def test_groups_across_nodes_share_the_node_network():
 
 def test_bubble_and_recomputation_stretch_the_compute():
     gpu = stm.Compute(peak_flops=1e14, efficiency=0.5)
-    flat = stm.step_time(stm.StepLayout(dp_replicate=4, micro_batch=10), 1e12, gpu, SIZES,
+    flat = stm.step_time(stm.StepLayout(ParallelLayout(dp_replicate=4), micro_batch=10), 1e12, gpu, SIZES,
                          NET)
     assert flat.compute_s == pytest.approx(1e12 * 10 / 5e13) and flat.bubble == 0
-    piped = stm.step_time(stm.StepLayout(pp=4, micro_batch=8, microbatches=8), 1e12, gpu,
+    piped = stm.step_time(stm.StepLayout(ParallelLayout(pp=4), micro_batch=8, microbatches=8), 1e12, gpu,
                           SIZES, NET)
     assert piped.bubble == pytest.approx(3 / 11)  # (p-1)/(m+p-1)
     assert piped.compute_s == pytest.approx(1e12 * 8 / 4 / 5e13)
@@ -121,10 +121,10 @@ def test_cpu_ranks_split_threads_then_share_cores():
                       thread_efficiency=0.9)
     one = stm.compute_seconds(stm.StepLayout(micro_batch=64), 1e8, cpu, local_ranks=1)
     assert one == pytest.approx(64 * 1e8 / (1e10 * 2 * 0.9) + 0.01)  # 2 threads
-    two = stm.compute_seconds(stm.StepLayout(dp_replicate=2, micro_batch=32), 1e8, cpu,
+    two = stm.compute_seconds(stm.StepLayout(ParallelLayout(dp_replicate=2), micro_batch=32), 1e8, cpu,
                               local_ranks=2)
     assert two == pytest.approx(32 * 1e8 / 1e10 + 0.01)  # 1 thread, a core each
-    four = stm.compute_seconds(stm.StepLayout(dp_replicate=4, micro_batch=16), 1e8, cpu,
+    four = stm.compute_seconds(stm.StepLayout(ParallelLayout(dp_replicate=4), micro_batch=16), 1e8, cpu,
                                local_ranks=4)
     assert four == pytest.approx(2 * (16 * 1e8 / 1e10 + 0.01))  # two ranks per core
     assert [stm.threads_per_rank(2, n) for n in (1, 2, 4)] == [2, 1, 1]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.contract.errors import UsageError
+from ddl.contract.host_memory import available_bytes
 
 
 def choose(plan, plugins) -> Any:
@@ -32,13 +33,13 @@ def choose(plan, plugins) -> Any:
     world, per_node = plan.world_size, plan.nproc_per_node
     global_batch = config.global_batch_size or (config.batch_size or preset.batch_size) * world
     gpu = site.accelerator != "cpu" and config.device != "cpu"
-    memory = site.device_memory_bytes if gpu else _available_memory() // per_node
+    memory = site.device_memory_bytes if gpu else available_bytes() // per_node
     if not memory:
         raise UsageError(f"--mesh auto: site {site.name} gives no device memory "
                          "(device_memory_bytes); allowed: an explicit --mesh")
     report = plan_layouts(spec, preset, site, per_node, world, global_batch,
                           Path(config.data_dir), device_kind=site.accelerator if gpu else "cpu",
-                          memory_bytes=memory)
+                          memory_bytes=memory, sync_bn=config.sync_bn)
     if not report["fits"]:
         why = report["dropped"][0]["dropped"] if report["dropped"] else "no layout"
         raise UsageError(f"--mesh auto: no layout of {world} processes fits ({why}); "
@@ -57,15 +58,3 @@ def choose(plan, plugins) -> Any:
                      dropped=len(report["dropped"]), ranked_by=report["ranked_by"])
     return plan.model_copy(update={"config": config.model_copy(update=update),
                                    "predicted": predicted})
-
-
-def _available_memory() -> int:
-    """MemAvailable (Linux): what the machine can give the run without swapping."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0

@@ -313,7 +313,25 @@ def _plan_parser(sub) -> None:
                       help="train the K best layouts (default 3) here for a few steps and "
                       "print predicted against measured memory and step time; needs the "
                       "plan's processes on this machine (commands/plan_verify)")
+    plan.add_argument("--sync-bn", action="store_true", help="the runs will use `ddl train "
+                      "--sync-bn` (on a CPU its float64 BatchNorm keeps more for backward)")
     plan.add_argument("--format", choices=["table", "json"], default="table")
+    plan.add_argument("--save", type=Path, metavar="FILE", help="also write the plan (and "
+                      "--verify's measurements) to FILE as JSON")
+    job = plan.add_argument_group("one Slurm job for --verify (commands/plan_job)")
+    job.add_argument("--submit", action="store_true", help="with --verify: train the "
+                     "layouts in one short Slurm job of the plan's site and nodes (from a "
+                     "login node); results in OUTPUT_DIR/plan-verify-JOBID/plan.json")
+    job.add_argument("--account", help="Slurm account / project")
+    job.add_argument("--time", help="wall-clock limit (default: 00:30:00)")
+    job.add_argument("--job-name", help="default: ddl-plan-<plugin>")
+    job.add_argument("--output-dir", type=Path, default=Path("runs"), help="default: runs")
+    job.add_argument("--setup", action="append", default=[], metavar="LINE",
+                     help="as `ddl submit --setup`")
+    job.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                     help="as `ddl submit --sbatch`")
+    job.add_argument("--dry-run", action="store_true",
+                     help="print the job script, submit nothing")
 
 
 def _container_parser(sub) -> None:

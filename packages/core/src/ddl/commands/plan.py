@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from ddl.commands import plan_target, plan_verify
+from ddl.commands import plan_job, plan_target, plan_verify
 from ddl.contract.errors import DataError, UsageError
 
 
@@ -27,6 +27,10 @@ def cmd_plan(ns: argparse.Namespace) -> int:
                         ("--verify", ns.verify)):
         if value is not None and value < 1:
             raise UsageError(f"{flag}: {value}; allowed: a whole number >= 1")
+    plan_job.check_flags(ns)
+    if ns.save is not None and not ns.save.resolve().parent.is_dir():
+        raise UsageError(f"--save: {ns.save.parent} is not a directory; allowed: a file in "
+                         "an existing directory")
     plugins = Plugins()
     site = get_site(ns.site, plugins)
     _, partition = site.partition(ns.partition) if site.partitions else (None, None)
@@ -39,31 +43,51 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     preset = spec.presets[preset_name]
     world = ns.nodes * target.per_node
     global_batch = ns.global_batch_size or preset.batch_size * world
-    if ns.verify is not None:  # before the planning: refused here if this machine cannot
-        plan_verify.check_runnable(target, ns.nodes, world)
+    if ns.submit and ns.verify is None:
+        raise UsageError("--submit: submits the --verify runs as one Slurm job; allowed: "
+                         "with --verify [K]")
+    if ns.verify is not None and not ns.submit:  # refused here if this machine cannot
+        plan_verify.check_runnable(target, ns.nodes, world, site)
+    if ns.submit:  # everything the job needs is checked before the planning's minute
+        job = plan_job.prepare(ns, site)
     data_dir = Path(ns.data_dir or site.defaults.data_dir or "data")
     report = plan_layouts(spec, preset, site, target.per_node, world, global_batch, data_dir,
-                          device_kind=target.device_kind, memory_bytes=target.memory_bytes)
+                          device_kind=target.device_kind, memory_bytes=target.memory_bytes,
+                          sync_bn=ns.sync_bn)
     report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes,
                   devices=target.devices, memory_source=target.memory_source)
-    if ns.verify is not None:  # --verify K: the K best trained here (commands/plan_verify)
+    if ns.submit:  # --verify K --submit: the K best trained in one Slurm job (plan_job)
+        report["verify_job"] = plan_job.submit(job, ns.dry_run)
+    elif ns.verify is not None:  # --verify K: the K best trained here (plan_verify)
         report["verify"] = plan_verify.verify(report, ns.verify, spec, preset, target,
-                                              data_dir)
+                                              data_dir, site)
+    if ns.save:
+        _save(report, ns.save)
     if ns.format == "json":
         print(json.dumps(report, indent=2))
     else:
         print(render(report, ns.top), end="")
-        if ns.verify is not None:
+        if "verify" in report:
             print(plan_verify.render(report["verify"]), end="")
-    return plan_verify.exit_code(report["verify"]) if ns.verify is not None else 0
+        if "verify_job" in report:
+            print(plan_job.render(report["verify_job"]), end="")
+    return plan_verify.exit_code(report["verify"]) if "verify" in report else 0
+
+
+def _save(report: dict, path: Path) -> None:
+    """``--save FILE``: the report as JSON, written whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
                  data_dir: Path, *, device_kind: str | None = None,
-                 memory_bytes: int | None = None) -> dict:
+                 memory_bytes: int | None = None, sync_bn: bool = False) -> dict:
     """Every candidate layout with its prediction: ``fits`` ranked best first, ``dropped``
     with the reason. ``device_kind`` and ``memory_bytes`` default to the site's GPUs (a
-    local CPU run passes ``cpu`` and a rank's share of the machine's memory)."""
+    local CPU run passes ``cpu`` and a rank's share of the machine's memory); ``sync_bn``:
+    the runs use ``--sync-bn`` (a CPU's float64 BatchNorm keeps more for backward)."""
     from ddl.contract.context import RunContext
     from ddl.contract.layout import ParallelLayout
     from ddl.contract.world import World
@@ -86,7 +110,7 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
     caps = spec.capabilities
     with tempfile.TemporaryDirectory(prefix="ddl-plan-") as tmp:
         source = _batch_source(workload, data_dir, Path(tmp))
-        plan = planner.Planner(workload, source, device)
+        plan = planner.Planner(workload, source, device, sync_bn=sync_bn)
         predictions = [plan.predict(c, global_batch) for c in search.candidates(
             world, gpus_per_node, global_batch, tp_ok="tp_plan" in caps,
             pp_ok="pipeline_splits" in caps)]
@@ -104,6 +128,7 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                                  search.CHECKPOINTING.index(p.candidate.checkpointing),
                                  p.memory_bytes))
     return {"world": world, "gpus_per_node": gpus_per_node, "global_batch": global_batch,
+            "sync_bn": sync_bn,
             "device_memory_bytes": memory_bytes or site.device_memory_bytes,
             "model": "ddl.settings.memory_model + ddl.settings.step_time_model "
                      "(docs/plan.md)",

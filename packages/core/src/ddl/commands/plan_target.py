@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddl.contract.errors import UsageError
+from ddl.contract.host_memory import available_bytes
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def resolve(site, partition, nodes: int, nproc: int | None) -> Target:
         raise UsageError(f"--site: {site.name} is a CPU site of other machines and gives no "
                          "memory per process (device_memory_bytes); allowed: a profile "
                          "with device_memory_bytes, or --site local (this machine)")
-    available = available_memory()
+    available = available_bytes()
     if not available:
         raise UsageError(f"--site: {site.name}: this machine's available memory could not be "
                          "read (/proc/meminfo MemAvailable); allowed: a profile with "
@@ -67,11 +68,3 @@ def resolve(site, partition, nodes: int, nproc: int | None) -> Target:
     return Target(per_node, "cpu", available // per_node, "processes",
                   f"this machine's available memory ({available / 1024 ** 3:.1f} GiB, "
                   f"MemAvailable) / {per_node} processes")
-
-
-def available_memory() -> int:
-    """MemAvailable (Linux): what this machine can give a run without swapping; 0 if
-    unknown. The same count as ``ddl train --mesh auto``'s."""
-    from ddl.commands.auto_layout import _available_memory
-
-    return _available_memory()

@@ -23,7 +23,10 @@ Predicted values are the fullest rank's (the plan's row: most model state + acti
 measured ones are the rank the run measured fullest by the same sum (``measured.rank``).
 
 All of a plan's layouts share one world size (nodes x processes per node), so either this
-machine can run them all or none: a GPU plan needs that many GPUs here, on one node.
+machine can run them all or none: a GPU plan needs that many GPUs here, on one node, or a
+Slurm job of the plan's nodes on its site (``ddl plan --verify K --submit`` writes and
+submits that job: commands/plan_job). Inside such a job each layout runs as an srun step
+over the job's nodes, in the site's launch style (``ddl train --launcher srun``).
 A layout squeezed onto fewer ranks than it was planned for would be another layout (other
 shards, other batches per rank), proving nothing about the plan, so that is refused in one
 line before any planning, not run as a stand-in. On a CPU, any number of processes runs
@@ -48,9 +51,23 @@ from ddl.contract.errors import UsageError
 EPOCHS, STEPS = 2, 3  # the first epoch is warm-up: step time from the second
 
 
-def check_runnable(target, nodes: int, world: int) -> None:
+def in_job(site, nodes: int) -> bool:
+    """True in a Slurm job on ``site`` (``ddl plan --verify --submit``'s): the layouts then
+    run as srun steps over the job's nodes. A job of another node count is refused: its
+    layouts would be other layouts."""
+    if not os.environ.get("SLURM_JOB_ID") or not site.uses_slurm:
+        return False
+    have = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    if have != nodes:
+        raise UsageError(f"--verify: this Slurm job has {have} node(s) and the plan is for "
+                         f"{nodes}; allowed: --nodes {have} in this job, or --submit to get "
+                         f"a job of {nodes}")
+    return True
+
+
+def check_runnable(target, nodes: int, world: int, site=None) -> None:
     """Refuse ``--verify`` when this machine cannot run the plan's layouts as planned."""
-    if target.device_kind == "cpu":
+    if target.device_kind == "cpu" or (site is not None and in_job(site, nodes)):
         return
     import torch
 
@@ -61,21 +78,27 @@ def check_runnable(target, nodes: int, world: int) -> None:
             f"--verify: the plan's layouts run on {where} GPUs and this machine has {have}; "
             "a layout on fewer ranks is another layout, so none is run as a stand-in; "
             f"allowed: --verify on a machine with {world} GPUs (one node: --nodes 1, "
-            "--nproc up to its GPUs), or --site local to plan and verify this machine's "
-            "CPU processes")
+            "--nproc up to its GPUs), --submit to verify in one Slurm job of the site, or "
+            "--site local to plan and verify this machine's CPU processes")
 
 
-def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path
-           ) -> dict[str, Any]:
-    """Train the ``k`` best of ``report["fits"]`` here; per layout predicted and measured."""
+def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path,
+           site=None) -> dict[str, Any]:
+    """Train the ``k`` best of ``report["fits"]`` here (in a Slurm job of ``site``: over
+    its nodes); per layout predicted and measured."""
     from ddl.commands.plan import _batch_source
 
     fits = report["fits"]
     chosen = fits[:k]
     notes = []
+    srun = srun_prefix(site, report) if site is not None and in_job(
+        site, report["nodes"]) else None
     if len(fits) < k:
         notes.append(f"only {len(fits)} layout(s) fit: {len(chosen)} verified, not {k}")
-    if report["nodes"] > 1:
+    if srun:
+        notes.append(f"ran as srun steps of Slurm job {os.environ['SLURM_JOB_ID']} "
+                     f"({report['nodes']} node(s))")
+    elif report["nodes"] > 1:
         notes.append(f"the {report['nodes']} nodes' {report['world']} processes ran on this "
                      "one machine: its memory per rank is the plan's, its step times are "
                      "not the site's")
@@ -90,28 +113,42 @@ def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path
             _note(f"--verify: layout {i + 1}/{len(chosen)}: ddl train "
                   + " ".join(row["flags"]))
             layouts.append(measure(row, report, target.device_kind, data,
-                                   Path(tmp) / f"layout-{i + 1}"))
+                                   Path(tmp) / f"layout-{i + 1}", srun=srun))
     return {"requested": k, "device": target.device_kind, "processes": report["world"],
+            "slurm_job": os.environ.get("SLURM_JOB_ID") if srun else None,
             "epochs": EPOCHS, "steps_per_epoch": STEPS, "layouts": layouts,
             "notes": notes, "how": _how(target.device_kind)}
 
 
+def srun_prefix(site, report: dict[str, Any]) -> list[str]:
+    """The srun that starts one layout's ranks over the job's nodes, one task per process,
+    bound as ``ddl submit``'s jobs bind them."""
+    from ddl.launch.site_env import srun_binding
+
+    per_node = report["world"] // report["nodes"]
+    return ["srun", f"--nodes={report['nodes']}", f"--ntasks-per-node={per_node}",
+            f"--cpu-bind={srun_binding(site, per_node)}", "--kill-on-bad-exit=1"]
+
+
 def train_command(row: dict[str, Any], report: dict[str, Any], device_kind: str,
-                  data_dir: Path, run_dir: Path) -> list[str]:
-    """The ``ddl train`` that runs ``row``'s layout here, as the plan describes it."""
-    return [sys.executable, "-m", "ddl.commands.cli", "train",
+                  data_dir: Path, run_dir: Path, srun: list[str] | None = None) -> list[str]:
+    """The ``ddl train`` that runs ``row``'s layout here, as the plan describes it: all
+    ranks started locally, or under ``srun`` one per task (``--launcher srun``)."""
+    launch = (["--launcher", "srun", "--nproc", str(report["world"] // report["nodes"])]
+              if srun else ["--launcher", "local", "--nproc", str(report["world"])])
+    return [*(srun or []), sys.executable, "-m", "ddl.commands.cli", "train",
             "--plugin", report["plugin"], "--preset", report["preset"],
-            "--site", report["site"], "--launcher", "local",
+            "--site", report["site"], *launch,
             "--device", "cpu" if device_kind == "cpu" else "cuda",
-            "--nproc", str(report["world"]),
             "--global-batch-size", str(report["global_batch"]), *row["flags"],
+            *(["--sync-bn"] if report.get("sync_bn") else []),
             "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
             "--keep-checkpoints", "0", "--data-dir", str(data_dir),
             "--run-dir", str(run_dir)]
 
 
 def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_dir: Path,
-            run_dir: Path) -> dict[str, Any]:
+            run_dir: Path, srun: list[str] | None = None) -> dict[str, Any]:
     """One real run of ``row``'s layout: the plan's prediction and what the run measured
     (``status`` "measured"), or why it did not finish (``status`` "failed")."""
     out: dict[str, Any] = {key: row[key] for key in (
@@ -120,7 +157,7 @@ def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_
                         "activation_bytes": row["activation_bytes"],
                         "memory_per_rank_bytes": row["memory_per_rank_bytes"],
                         "step_s": row.get("step_s")}
-    proc = subprocess.run(train_command(row, report, device_kind, data_dir, run_dir),
+    proc = subprocess.run(train_command(row, report, device_kind, data_dir, run_dir, srun),
                           capture_output=True, text=True, errors="replace",
                           env=dict(os.environ))
     results_file = run_dir / "results.json"

@@ -57,7 +57,7 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         partition=ns.partition, time=ns.time, gpus_per_node=ns.gpus_per_node,
         job_name=ns.job_name,
         run_dir=absolute(config.run_dir, "--run-dir") if config.run_dir else None,
-        ddl_command=ns.ddl_command or _this_ddl(ns.setup), container=image,
+        ddl_command=ns.ddl_command or this_ddl(ns.setup), container=image,
         extra_sbatch=ns.sbatch, stop_margin_s=ns.stop_margin, setup=ns.setup,
         data_dir=absolute(Path(config.data_dir), "--data-dir") if config.data_dir else None)
     script = render(site, request)
@@ -124,7 +124,7 @@ def _own_torch_mismatch(site, ddl_command: str) -> str | None:
             "activate a fitting environment")
 
 
-def _this_ddl(setup: list[str]) -> str:
+def this_ddl(setup: list[str]) -> str:
     """This installation's ddl by absolute path; with --setup, `ddl` from the PATH the
     user's setup makes in the job (the venv or module it activates), not the submitter's."""
     if setup:

@@ -69,6 +69,9 @@ class SubmitRequest:
     stop_margin_s: int = 300  # seconds before the time limit to checkpoint, stop, requeue
     setup: list[str] = field(default_factory=list)  # the user's shell lines, run as given
     data_dir: Path | None = None  # absolute; bound into the container with the run dir
+    # Instead of the srun of `ddl train`: shell lines the batch script itself runs (after
+    # the environment and rendezvous), e.g. `ddl plan --verify`, which starts its own sruns.
+    batch_step: list[str] | None = None
 
 
 def _sbatch_value(flag: str, value: str, longest: int = 4096) -> str:
@@ -236,6 +239,8 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     lines.append('echo "ddl: job $SLURM_JOB_ID on $SLURM_NNODES node(s): $SLURM_JOB_NODELIST; '
                  'rendezvous $MASTER_ADDR:$MASTER_PORT"')
     lines.append("")
+    if req.batch_step is not None:
+        return "\n".join(lines + req.batch_step) + "\n"
 
     if req.run_dir:
         run_dir = shlex.quote(str(req.run_dir))

@@ -65,6 +65,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ddl.contract.layout import ParallelLayout
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # selective redoes cheap ops only
 ASSUMED_GPU_EFFICIENCY = 0.4  # model FLOPs utilisation assumed on a GPU: ranks, not promises
@@ -149,20 +151,13 @@ def core_share(cores: int, ranks: int, threads: int) -> float:
 
 @dataclass(frozen=True)
 class StepLayout:
-    """What the model needs of a candidate: degrees, batch split, checkpointing."""
+    """What the model needs of a candidate: its mesh's degrees, batch split, checkpointing."""
 
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
+    mesh: ParallelLayout = ParallelLayout()
     micro_batch: int = 1  # samples per replica per forward pass
     accumulation: int = 1
     microbatches: int = 1  # pipeline micro-batches per forward pass
     checkpointing: str = "none"
-
-    @property
-    def world(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -198,13 +193,13 @@ def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Comput
                     local_ranks: int | None = None) -> float:
     """One rank's compute per optimizer step, before the bubble."""
     samples = layout.micro_batch * layout.accumulation  # per replica per step
-    flops = flops_per_sample * samples / (layout.tp * layout.pp)
+    flops = flops_per_sample * samples / (layout.mesh.tp * layout.mesh.pp)
     flops *= RECOMPUTE[layout.checkpointing]
     rate = compute.peak_flops * compute.efficiency
     fixed = compute.fixed_s
     if not compute.cpu:
         return flops / rate + fixed
-    ranks = local_ranks or layout.world
+    ranks = local_ranks or layout.mesh.world_size
     threads = threads_per_rank(compute.cores, ranks)
     speed = threads * (compute.thread_efficiency if threads > 1 else 1.0)
     return (flops / (rate * speed) + fixed) * core_share(compute.cores, ranks, threads)
@@ -220,22 +215,23 @@ def comm_seconds(layout: StepLayout, sizes: Sizes, network: Network,
     def link(dim: str) -> Link:
         return network.link(bool(crosses.get(dim)))
 
-    local = sizes.param_bytes / layout.tp  # what FSDP and DDP see of a rank's stages
+    mesh = layout.mesh
+    local = sizes.param_bytes / mesh.tp  # what FSDP and DDP see of a rank's stages
     steps = layout.accumulation
-    if layout.dp_shard > 1:
-        ln, p = link("dp_shard"), layout.dp_shard
+    if mesh.dp_shard > 1:
+        ln, p = link("dp_shard"), mesh.dp_shard
         out["dp_shard"] = steps * (2 * ln.seconds("all_gather", local, p)
                                    + ln.seconds("reduce_scatter", local, p))
-    if layout.dp_replicate > 1:
+    if mesh.dp_replicate > 1:
         out["dp_replicate"] = link("dp_replicate").seconds(
-            "all_reduce", local / layout.dp_shard, layout.dp_replicate)
-    if layout.tp > 1 and sizes.rowwise_bytes:
+            "all_reduce", local / mesh.dp_shard, mesh.dp_replicate)
+    if mesh.tp > 1 and sizes.rowwise_bytes:
         # per forward pass of m samples one all-reduce per row-parallel layer (its output),
         # and one in the backward; rowwise_bytes sums the layers' outputs per sample
         passes = steps * max(layout.microbatches, 1)
         per_pass = sizes.rowwise_bytes * layout.micro_batch / max(layout.microbatches, 1)
-        out["tp"] = 2 * passes * link("tp").seconds("all_reduce", per_pass, layout.tp)
-    if layout.pp > 1 and sizes.boundary_bytes:
+        out["tp"] = 2 * passes * link("tp").seconds("all_reduce", per_pass, mesh.tp)
+    if mesh.pp > 1 and sizes.boundary_bytes:
         m = max(layout.microbatches, 1)
         per_message = sizes.boundary_bytes * layout.micro_batch / m
         # a middle stage sends forward and backward, per micro-batch
@@ -248,7 +244,7 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
               local_ranks: int | None = None) -> StepTime:
     """Compute stretched by the pipeline bubble, plus the communication (no overlap)."""
     busy = compute_seconds(layout, flops_per_sample, compute, local_ranks)
-    b = bubble(layout.pp, layout.microbatches)
+    b = bubble(layout.mesh.pp, layout.microbatches)
     comm = comm_seconds(layout, sizes, network, crosses)
     total = busy / (1 - b) + sum(comm.values())
     return StepTime(busy, comm, b, total)

@@ -6,9 +6,12 @@ N processes (spawned: a CUDA driver must not be forked) join one process group o
 127.0.0.1 - gloo on CPUs, NCCL on GPUs, one GPU each - with the rendezvous store opened by
 the parent on a port the kernel picks (``port=0``: nothing to race for). Each rank runs one
 thread, as ddl's CPU workers do when there are as many ranks as cores. For every operation
-and message size: two warm-up calls, then ``repeats`` timings of ``inner`` calls back to
-back; a timing is the slowest rank's (a collective ends when its last rank is done), the
-size's time the median timing / ``inner``. Sizes are the bytes of the whole buffer (the
+and message size: two warm-up calls, then ``repeats`` timings of ``inner`` calls; a timing
+is the slowest rank's (a collective ends when its last rank is done), the size's time the
+mean timing / ``inner`` (a training run pays the mean, its slow calls included). On a CPU
+each timed call follows 1 ms of compute on the rank's thread, as a training step's
+collective follows its backward: a thread woken from a busy core is slower to answer than
+one that waits in a tight loop of collectives (``COMPUTE_S``). Sizes are the bytes of the whole buffer (the
 all-reduced tensor, the all-gather's output, the reduce-scatter's input, one message).
 Point-to-point is a ring shift: every rank sends to the next and receives from the previous
 at once, as the stages of a pipeline do.
@@ -31,6 +34,11 @@ KIB, MIB = 1024, 1024 ** 2
 CPU_SIZES = (4 * KIB, 64 * KIB, 512 * KIB, 4 * MIB, 16 * MIB)
 GPU_SIZES = (64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
 TIMEOUT_S = 120.0
+# CPU: each timed call comes after this much compute on the rank's thread, as in training.
+# Timed back to back instead, a gloo collective on a 2-core VM measured 0.25 ms typical but
+# 1.1 ms mean (one call in five waited a 4 ms scheduler tick to wake), and a DDP step paid
+# 1.5-1.8 ms per 24 KB all-reduce: the wake-up after compute is part of the cost.
+COMPUTE_S = 0.001
 
 
 def _run_op(op: str, buffers: dict, rank: int, world: int) -> None:
@@ -47,6 +55,14 @@ def _run_op(op: str, buffers: dict, rank: int, world: int) -> None:
                  dist.irecv(buffers["other"], (rank - 1) % world)]
         for work in sends:
             work.wait()
+
+
+def _compute(work, seconds: float) -> None:
+    """Keep this rank's thread busy for ``seconds``, as a training step's compute does
+    before it issues its collective."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        work @ work
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int, ...],
@@ -74,6 +90,7 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int,
             torch.cuda.synchronize(device)
 
     out: dict[str, dict[int, float]] = {op: {} for op in ops}
+    work = torch.ones(128, 128)
     try:
         for op in ops:
             for nbytes in sizes:
@@ -89,15 +106,18 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int,
                 for _ in range(repeats):
                     dist.barrier()
                     sync()
-                    t0 = time.perf_counter()
+                    spent = 0.0
                     for _ in range(inner):
+                        if device.type == "cpu":  # as a training step issues it
+                            _compute(work, COMPUTE_S)
+                        t0 = time.perf_counter()
                         _run_op(op, buffers, rank, world)
-                    sync()
-                    elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64,
-                                           device=device)
+                        sync()
+                        spent += time.perf_counter() - t0
+                    elapsed = torch.tensor([spent], dtype=torch.float64, device=device)
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     timings.append(float(elapsed.item()) / inner)
-                out[op][numel * 4] = statistics.median(timings)
+                out[op][numel * 4] = statistics.mean(timings)
         if rank == 0:
             queue.put(out)
     finally:

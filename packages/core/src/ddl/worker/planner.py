@@ -109,9 +109,28 @@ class Planner:
                                       sync_bn=self.sync_bn,
                                       device_type="cpu" if self.device.kind == "cpu" else "cuda")
 
+    @cache  # noqa: B019
+    def _line(self, tp: int, pp: int, checkpointing: str
+              ) -> tuple[probe.Activations, probe.Activations, str | None]:
+        """Activations at 1 and 2 samples per forward pass (they grow along a line), and
+        why one sample cannot train, or None. A model that refuses one sample (BatchNorm in
+        training needs more than one value per channel) is probed at 2 and 3 samples, and
+        its one-sample point read off the line through them."""
+        try:
+            return (self._probe(tp, pp, checkpointing, 1),
+                    self._probe(tp, pp, checkpointing, 2), None)
+        except ValueError as exc:
+            two = self._probe(tp, pp, checkpointing, 2)
+            three = self._probe(tp, pp, checkpointing, 3)
+            one = probe.Activations(
+                [2 * a - b for a, b in zip(two.per_stage, three.per_stage)],
+                boundary_bytes=three.boundary_bytes - two.boundary_bytes,
+                rowwise_bytes=three.rowwise_bytes - two.rowwise_bytes)
+            return one, two, str(exc).strip().splitlines()[0]
+
     def stage_bytes(self, tp: int, pp: int, checkpointing: str, size: int
                     ) -> tuple[list[float], probe.Activations]:
-        one, two = self._probe(tp, pp, checkpointing, 1), self._probe(tp, pp, checkpointing, 2)
+        one, two, _ = self._line(tp, pp, checkpointing)
         return [a + (size - 1) * (b - a) for a, b in zip(one.per_stage, two.per_stage)], one
 
     def predict(self, c: search.Candidate, global_batch: int) -> Prediction:
@@ -121,8 +140,12 @@ class Planner:
         if why:
             out.dropped = why
             return out
-        states, full = self.model_states(layout)
         per_forward = c.micro_batch // c.microbatches
+        single = self._line(layout.tp, layout.pp, c.checkpointing)[2]
+        if per_forward == 1 and single:
+            out.dropped = f"one sample per forward pass cannot train: {single}"
+            return out
+        states, full = self.model_states(layout)
         stages, one = self.stage_bytes(layout.tp, layout.pp, c.checkpointing, per_forward)
         worst = None
         for rank, state in enumerate(states):
@@ -149,9 +172,8 @@ class Planner:
 
 
 def step_layout(c: search.Candidate) -> stm.StepLayout:
-    p = c.layout
-    return stm.StepLayout(p.dp_replicate, p.dp_shard, p.tp, p.pp, c.micro_batch,
-                          c.accumulation, c.microbatches, c.checkpointing)
+    return stm.StepLayout(c.layout, c.micro_batch, c.accumulation, c.microbatches,
+                          c.checkpointing)
 
 
 def network(d: Device) -> stm.Network:

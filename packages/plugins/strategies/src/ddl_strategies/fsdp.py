@@ -130,10 +130,9 @@ def _free_bytes(device: torch.device) -> float:
         return float(torch.cuda.mem_get_info(device)[0])
     import os
 
-    try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f
-                             if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
+    from ddl.contract.host_memory import available_bytes
+
+    available = available_bytes()
+    if not available:
         return float("inf")  # unknown: gather, as before
     return available / max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
