@@ -3,10 +3,11 @@ machine the kit records predicted against measured device memory for its runs").
 
 After a training check the kit asks `ddl plan` for the same plugin, preset, site, one
 process and global batch, takes the row of the run's layout (one process, the run's
-micro-batch, no activation checkpointing) and records its predicted model state plus
-activations per rank (not the fixed runtime reserve) beside the measured peak: torch's peak allocation on a GPU; on a CPU, where the process's
-resident set holds far more than the model (Python, torch, the data), the model state plus
-the bytes held for backward, the two parts the plan predicts.
+micro-batch, no activation checkpointing, the run's precision) and records its predicted
+model state plus activations per rank (not the fixed runtime reserve) beside the measured
+peak: torch's peak allocation on a GPU; on a CPU, where the process's resident set holds far
+more than the model (Python, torch, the data), the model state plus the bytes held for
+backward, the two parts the plan predicts.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def compare(ddl: list[str], results_file: Path, *, site: str, data_dir: Path, en
     r = json.loads(results_file.read_text())
     command = [*ddl, "plan", "--plugin", r["plugin"], "--preset", r["preset"], "--site", site,
                "--nproc", "1", "--global-batch-size", str(r["batch"]["global"]),
-               "--data-dir", str(data_dir), "--format", "json", "--top", "1000"]
+               "--data-dir", str(data_dir), "--format", "json", "--top", "1000",
+               "--precision", r.get("precision") or "auto"]  # as the run computed
     try:
         proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd,
                               timeout=timeout)

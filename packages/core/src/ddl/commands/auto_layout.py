@@ -39,7 +39,8 @@ def choose(plan, plugins) -> Any:
                          "(device_memory_bytes); allowed: an explicit --mesh")
     report = plan_layouts(spec, preset, site, per_node, world, global_batch,
                           Path(config.data_dir), device_kind=site.accelerator if gpu else "cpu",
-                          memory_bytes=memory, sync_bn=config.sync_bn)
+                          memory_bytes=memory, sync_bn=config.sync_bn,
+                          precision=config.precision)
     if not report["fits"]:
         why = report["dropped"][0]["dropped"] if report["dropped"] else "no layout"
         raise UsageError(f"--mesh auto: no layout of {world} processes fits ({why}); "

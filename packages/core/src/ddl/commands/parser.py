@@ -313,11 +313,11 @@ def _plan_parser(sub) -> None:
                       help="train the K best layouts (default 3) here for a few steps and "
                       "print predicted against measured memory and step time; needs the "
                       "plan's processes on this machine (commands/plan_verify)")
-    plan.add_argument("--sync-bn", action="store_true", help="the runs will use `ddl train "
-                      "--sync-bn` (on a CPU its float64 BatchNorm keeps more for backward)")
+    plan.add_argument("--sync-bn", action="store_true", help="the runs use --sync-bn")
+    plan.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default="auto",
+                      help="the runs' (default auto: 16-bit on GPUs, fp32 on CPUs)")
     plan.add_argument("--format", choices=["table", "json"], default="table")
-    plan.add_argument("--save", type=Path, metavar="FILE", help="also write the plan (and "
-                      "--verify's measurements) to FILE as JSON")
+    plan.add_argument("--save", type=Path, metavar="FILE", help="also write it as JSON")
     job = plan.add_argument_group("one Slurm job for --verify (commands/plan_job)")
     job.add_argument("--submit", action="store_true", help="with --verify: train the "
                      "layouts in one short Slurm job of the plan's site and nodes (from a "

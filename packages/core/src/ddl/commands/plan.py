@@ -53,7 +53,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     data_dir = Path(ns.data_dir or site.defaults.data_dir or "data")
     report = plan_layouts(spec, preset, site, target.per_node, world, global_batch, data_dir,
                           device_kind=target.device_kind, memory_bytes=target.memory_bytes,
-                          sync_bn=ns.sync_bn)
+                          sync_bn=ns.sync_bn, precision=ns.precision)
     report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes,
                   devices=target.devices, memory_source=target.memory_source)
     if ns.submit:  # --verify K --submit: the K best trained in one Slurm job (plan_job)
@@ -83,16 +83,19 @@ def _save(report: dict, path: Path) -> None:
 
 def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
                  data_dir: Path, *, device_kind: str | None = None,
-                 memory_bytes: int | None = None, sync_bn: bool = False) -> dict:
+                 memory_bytes: int | None = None, sync_bn: bool = False,
+                 precision: str = "auto") -> dict:
     """Every candidate layout with its prediction: ``fits`` ranked best first, ``dropped``
     with the reason. ``device_kind`` and ``memory_bytes`` default to the site's GPUs (a
     local CPU run passes ``cpu`` and a rank's share of the machine's memory); ``sync_bn``:
-    the runs use ``--sync-bn`` (a CPU's float64 BatchNorm keeps more for backward)."""
+    the runs use ``--sync-bn`` (a CPU's float64 BatchNorm keeps more for backward);
+    ``precision``: the runs' ``--precision`` (auto: 16-bit autocast on GPUs, fp32 on CPUs)."""
     from ddl.contract.context import RunContext
     from ddl.contract.layout import ParallelLayout
     from ddl.contract.world import World
     from ddl.settings import layout_search as search
     from ddl.worker import planner
+    from ddl.worker.autocast_probe import planned_precision
 
     workload = spec.create(preset)
     import torch
@@ -110,7 +113,9 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
     caps = spec.capabilities
     with tempfile.TemporaryDirectory(prefix="ddl-plan-") as tmp:
         source = _batch_source(workload, data_dir, Path(tmp))
-        plan = planner.Planner(workload, source, device, sync_bn=sync_bn)
+        computes_in = planned_precision(precision, device.kind)
+        plan = planner.Planner(workload, source, device, sync_bn=sync_bn,
+                               precision=computes_in)
         predictions = [plan.predict(c, global_batch) for c in search.candidates(
             world, gpus_per_node, global_batch, tp_ok="tp_plan" in caps,
             pp_ok="pipeline_splits" in caps)]
@@ -128,7 +133,7 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                                  search.CHECKPOINTING.index(p.candidate.checkpointing),
                                  p.memory_bytes))
     return {"world": world, "gpus_per_node": gpus_per_node, "global_batch": global_batch,
-            "sync_bn": sync_bn,
+            "sync_bn": sync_bn, "precision": precision, "computes_in": computes_in,
             "device_memory_bytes": memory_bytes or site.device_memory_bytes,
             "model": "ddl.settings.memory_model + ddl.settings.step_time_model "
                      "(docs/plan.md)",

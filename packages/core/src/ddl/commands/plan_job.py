@@ -31,7 +31,7 @@ JOB_TIME = "00:30:00"  # a few steps per layout: short, so the job starts soon
 FORWARDED = (("--plugin", "plugin"), ("--preset", "preset"), ("--site", "site"),
              ("--nodes", "nodes"), ("--nproc", "nproc"), ("--partition", "partition"),
              ("--global-batch-size", "global_batch_size"), ("--data-dir", "data_dir"),
-             ("--top", "top"), ("--verify", "verify"))
+             ("--top", "top"), ("--verify", "verify"), ("--precision", "precision"))
 
 
 @dataclass

@@ -142,6 +142,7 @@ def train_command(row: dict[str, Any], report: dict[str, Any], device_kind: str,
             "--device", "cpu" if device_kind == "cpu" else "cuda",
             "--global-batch-size", str(report["global_batch"]), *row["flags"],
             *(["--sync-bn"] if report.get("sync_bn") else []),
+            "--precision", report.get("precision", "auto"),
             "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS),
             "--keep-checkpoints", "0", "--data-dir", str(data_dir),
             "--run-dir", str(run_dir)]

@@ -55,11 +55,13 @@ def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 
 def _output_bytes(op, args, kwargs) -> int:
-    """The bytes ``op`` will return, from its shapes alone (run on the meta device)."""
+    """The bytes ``op`` will return, from its shapes alone (run on the meta device, or on
+    the fake tensors ddl plan's 16-bit probe runs on: ddl.worker.autocast_probe)."""
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_flatten, tree_map
 
     def meta(x):
-        if not isinstance(x, torch.Tensor):
+        if not isinstance(x, torch.Tensor) or isinstance(x, FakeTensor):
             return x
         x = getattr(x, "_local_tensor", x)  # a DTensor's shard: what this rank holds
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")

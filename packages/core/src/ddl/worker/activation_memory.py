@@ -66,8 +66,9 @@ class SavedTensorMeter:
                 storage = local.untyped_storage()
             except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
                 return tensor
-            # a meta tensor (ddl plan's probe) has no address: its storage object stands in
-            key = storage.data_ptr() or (storage._cdata if local.is_meta else 0)
+            # a meta or fake tensor (ddl plan's probe) has no address: its storage object
+            # stands in
+            key = storage._cdata if local.is_meta or _is_fake(local) else storage.data_ptr()
             if not key:
                 return tensor
             span = _span(local, storage.nbytes())
@@ -85,6 +86,12 @@ class SavedTensorMeter:
             activation_checkpointing.kept_bytes = None
             live.closed = True  # tensors freed after the block no longer count anywhere
         self.peak_bytes = max(self.peak_bytes, live.peak + sum(kept) // max(micro_steps, 1))
+
+
+def _is_fake(tensor: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
 
 
 def _span(tensor: torch.Tensor, storage_bytes: int) -> tuple[int, int]:

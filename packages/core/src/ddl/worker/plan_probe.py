@@ -43,7 +43,7 @@ from torch import nn
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
 from ddl.settings.memory_model import OptimizerCost, ParamShape, model_state
-from ddl.worker import activation_checkpointing
+from ddl.worker import activation_checkpointing, autocast_probe
 from ddl.worker.activation_memory import SavedTensorMeter
 
 # (style, module type) -> the dimension DTensor shards the weight / bias on
@@ -191,7 +191,8 @@ def _nbytes(tree: Any) -> int:
 
 def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets: Any, *,
                      tp: int = 1, n_stages: int = 1, checkpointing: str = "none",
-                     sync_bn: bool = False, device_type: str = "cuda") -> Activations:
+                     sync_bn: bool = False, device_type: str = "cuda",
+                     precision: str = "fp32") -> Activations:
     """Run ``inputs`` (a micro-batch as ``Workload.to_device`` gives it, on the meta
     device) through ``model`` (built on the meta device, consumed: it is narrowed and
     checkpointed in place) and count what each stage saves for backward. ``sync_bn``:
@@ -199,7 +200,9 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     (ddl.worker.sync_bn): on a CPU its float64 BatchNorm keeps more (the whole model's
     activations: 1.66x in cifar tiny, 2.48x in imagewoof tiny-exact); torch's
     SyncBatchNorm (GPUs) keeps what plain BatchNorm keeps, so the probe leaves plain
-    BatchNorm there (torch's refuses the meta device)."""
+    BatchNorm there (torch's refuses the meta device). ``precision`` bf16/fp16: the
+    forward runs on fake ``device_type`` tensors under torch's autocast
+    (ddl.worker.autocast_probe)."""
     if sync_bn:
         from ddl.worker import sync_bn as sync
 
@@ -216,6 +219,14 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     units = workload.fsdp_units(model)
     if checkpointing != "none":
         activation_checkpointing.apply(units, checkpointing)
+    with autocast_probe.fake_device(model, (inputs, targets), precision,
+                                    "cpu" if device_type == "cpu" else "cuda") as batch:
+        return _forward(workload, model, *batch, n_stages, rowwise)
+
+
+def _forward(workload: Workload, model: nn.Module, inputs: Any, targets: Any, n_stages: int,
+             rowwise: list[int]) -> Activations:
+    """One forward of the micro-batch (and the loss) under the meter, per stage."""
     model.train()
     if n_stages == 1:
         meter = SavedTensorMeter()

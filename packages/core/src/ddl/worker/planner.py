@@ -65,10 +65,12 @@ class Prediction:
 
 class Planner:
     def __init__(self, workload: Workload, batch_source: Path, device: Device, *,
-                 sync_bn: bool = False) -> None:
+                 sync_bn: bool = False, precision: str = "fp32") -> None:
         """``sync_bn``: the runs will use ``--sync-bn`` (on a CPU device its float64
-        BatchNorm keeps more; plan_probe.activation_bytes)."""
+        BatchNorm keeps more; plan_probe.activation_bytes). ``precision``: what the runs
+        compute in (bf16/fp16 autocast keeps 16-bit activations; autocast_probe)."""
         self.workload, self.device, self.sync_bn = workload, device, sync_bn
+        self.precision = precision
         self.model = probe.meta_model(workload.build_model)  # built once, copied per probe
         self.cost = probe.optimizer_cost(workload)
         self.batch_source = batch_source
@@ -107,7 +109,8 @@ class Planner:
         return probe.activation_bytes(self.workload, self._copy(), inputs, targets, tp=tp,
                                       n_stages=pp, checkpointing=checkpointing,
                                       sync_bn=self.sync_bn,
-                                      device_type="cpu" if self.device.kind == "cpu" else "cuda")
+                                      device_type="cpu" if self.device.kind == "cpu" else "cuda",
+                                      precision=self.precision)
 
     @cache  # noqa: B019
     def _line(self, tp: int, pp: int, checkpointing: str

@@ -1,0 +1,52 @@
+"""`ddl plan --precision`: a run under bf16 autocast keeps 16-bit activations, and the plan
+predicts them (ddl.worker.autocast_probe: the probe runs on fake tensors under torch's own
+autocast). Checked against real runs on 2 CPU processes through `--verify`: the runs train
+with `--precision bf16` and ddl's saved-tensor meter measures what they held; MNIST and
+Imagewoof (convolutions, BatchNorm, linear layers) within the acceptance's 15 %, below the
+fp32 prediction. The CUDA policy runs here only on fake CUDA tensors (no GPU): its numbers
+are checked to be 16-bit ones, not against a GPU run (the GPU kit records that)."""
+
+import json
+
+import pytest
+
+from conftest import run_ddl
+
+pytestmark = pytest.mark.distributed
+
+
+def _plan(tmp_path, plugin, data, *flags):
+    proc = run_ddl("plan", "--plugin", plugin, "--preset", "tiny", "--data-dir", str(data),
+                   "--format", "json", "--top", "1", *flags, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("plugin", ["mnist", "imagewoof"])
+def test_bf16_runs_hold_what_the_plan_predicts(plugin, tmp_path, request):
+    data = request.getfixturevalue(f"synthetic_{plugin}")
+    local = ("--site", "local", "--nproc", "2")
+    fp32 = _plan(tmp_path, plugin, data, *local)
+    report = _plan(tmp_path, plugin, data, *local, "--precision", "bf16", "--verify", "1")
+    assert (fp32["computes_in"], report["computes_in"]) == ("fp32", "bf16")
+    [row] = report["verify"]["layouts"]
+    assert row["status"] == "measured", row
+    predicted, measured = row["predicted"], row["measured"]
+    assert measured["activation_bytes"] == pytest.approx(predicted["activation_bytes"],
+                                                         rel=0.15)
+    same = next(r for r in fp32["fits"] if r["flags"] == row["flags"])
+    assert predicted["activation_bytes"] < 0.8 * same["activation_bytes"]
+
+
+def test_auto_is_16_bit_on_a_gpu_site_and_fp32_on_a_cpu(tmp_path, synthetic_mnist):
+    gpu = ("--site", "juwels", "--nproc", "1", "--global-batch-size", "32")
+    auto, fp32 = (_plan(tmp_path, "mnist", synthetic_mnist, *gpu, *extra)
+                  for extra in ((), ("--precision", "fp32")))
+    assert (auto["computes_in"], fp32["computes_in"]) == ("bf16", "fp32")
+    # on fake CUDA tensors: CUDA's autocast computes the convolutions and the linear layer
+    # in bf16, so less than three quarters of fp32's bytes are kept
+    assert auto["fits"][0]["activation_bytes"] < 0.75 * fp32["fits"][0]["activation_bytes"]
+    cpu = _plan(tmp_path, "mnist", synthetic_mnist, "--site", "local", "--nproc", "1",
+                "--global-batch-size", "32")
+    assert cpu["computes_in"] == "fp32"
+    assert cpu["fits"][0]["activation_bytes"] == fp32["fits"][0]["activation_bytes"]
