@@ -42,15 +42,25 @@ if _sdpa_cpu is not None:
 
 # Set by ddl.worker.activation_memory while it measures: the outputs selective
 # checkpointing keeps are held by torch's checkpoint machinery, which saved-tensor hooks
-# outside it never see, so the policy reports their sizes here.
-kept_bytes: list[int] | None = None
+# outside it never see, so the policy reports their sizes here, per checkpointed call:
+# ``keep(call, nbytes)``. The meter counts them until ``call`` is freed: it sits in the
+# storage where torch keeps that call's outputs, which lives until the call's backward is
+# done (or its graph is dropped without one).
+kept_meter = None
 
 
-def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+class _Call:
+    """One checkpointed call of a unit: the owner of its kept outputs."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _policy(ctx, op, *args, call: _Call | None = None, **kwargs) -> CheckpointPolicy:
     if op not in _SAVE:
         return CheckpointPolicy.PREFER_RECOMPUTE
-    if kept_bytes is not None and not ctx.is_recompute:
-        kept_bytes.append(_output_bytes(op, args, kwargs))
+    meter = kept_meter
+    if meter is not None and call is not None and not ctx.is_recompute:
+        meter.keep(call, _output_bytes(op, args, kwargs))
     return CheckpointPolicy.MUST_SAVE
 
 
@@ -75,7 +85,14 @@ def _output_bytes(op, args, kwargs) -> int:
 
 
 def _selective_contexts():
-    return create_selective_checkpoint_contexts(_policy)
+    call = _Call()
+    forward, recompute = create_selective_checkpoint_contexts(
+        functools.partial(_policy, call=call))
+    # torch (2.14) keeps the call's kept outputs in this dict, shared by both contexts and
+    # held by the call's checkpoint frame until its backward: ``call`` lives as long (a key
+    # no op looks up; tests/unit/test_activation_memory.py fails if torch changes that)
+    forward.storage[_Call] = {0: call}
+    return forward, recompute
 
 
 def apply(units: list[nn.Module], mode: str) -> int:

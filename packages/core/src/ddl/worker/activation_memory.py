@@ -52,11 +52,12 @@ class SavedTensorMeter:
     @contextmanager
     def measure(self, micro_steps: int = 1):
         """Count inside the block. ``micro_steps``: how many micro-batches the block runs
-        one after another (gradient accumulation); only selective checkpointing's kept
-        outputs, which this meter cannot see freed, are divided by it. The live count needs
-        no division: a micro-batch's backward frees its tensors before the next one saves."""
+        one after another (gradient accumulation); informational: the live count needs no
+        division, a micro-batch's backward frees its tensors (and selective checkpointing's
+        kept outputs) before the next one saves."""
         live = _Live()
-        activation_checkpointing.kept_bytes = kept = []  # what selective checkpointing keeps
+        # what selective checkpointing keeps, per checkpointed call, while torch holds it
+        activation_checkpointing.kept_meter = _Kept(live)
 
         def pack(tensor: torch.Tensor):
             local = getattr(tensor, "_local_tensor", tensor)  # a DTensor's shard
@@ -83,9 +84,9 @@ class SavedTensorMeter:
             with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
                 yield
         finally:
-            activation_checkpointing.kept_bytes = None
+            activation_checkpointing.kept_meter = None
             live.closed = True  # tensors freed after the block no longer count anywhere
-        self.peak_bytes = max(self.peak_bytes, live.peak + sum(kept) // max(micro_steps, 1))
+        self.peak_bytes = max(self.peak_bytes, live.peak)
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
@@ -151,6 +152,33 @@ class _Live:
             self.bytes[key] = covered
         else:
             self.bytes.pop(key, None)
+
+
+class _Kept:
+    """Selective checkpointing's kept outputs in the live count: each checkpointed call's
+    bytes under a key of its own, from its forward until torch frees the call (after its
+    backward, or with a graph dropped without one)."""
+
+    def __init__(self, live: _Live) -> None:
+        self.live = live
+        self.bytes: dict[int, int] = {}
+
+    def keep(self, call, nbytes: int) -> None:
+        import weakref
+
+        key = -id(call)  # negative: never a storage's address
+        with self.live.lock:
+            if key not in self.bytes:
+                weakref.finalize(call, self.release_key, key)
+            self.bytes[key] = self.bytes.get(key, 0) + nbytes
+            self.live.remove(key, (0, self.bytes[key] - nbytes))
+            self.live.add(key, (0, self.bytes[key]))
+
+    def release_key(self, key: int) -> None:
+        with self.live.lock:
+            nbytes = self.bytes.pop(key, None)
+            if nbytes is not None:
+                self.live.remove(key, (0, nbytes))
 
 
 class _Saved:
