@@ -13,7 +13,7 @@ Covered:
   at once with one line, before any worker starts;
 - a hand-written `srun ... apptainer run IMAGE train --site lumi` (the CPU image of
   tests/system/conftest.py) gets LUMI's job environment and CPU binding from ddl itself;
-- `ddl plan --verify --submit` trains the plan's best layout in one 2-node job.
+- `ddl plan --verify --submit` trains the plan's best layouts in one 2-node job.
 
 Jobs are waited for by polling `scontrol show job` with a deadline; nothing sleeps on timing.
 """
@@ -366,13 +366,13 @@ def test_hand_written_srun_of_the_image_gets_the_lumi_environment(slurm, runtime
 
 
 def test_plan_verify_trains_the_best_layout_in_one_job(slurm, synthetic_mnist, tmp_path):
-    """`ddl plan --verify 1 --submit` from the "login node": the plan is printed here, the
-    job trains its best layout for 2 nodes x 4 processes as an srun step over both nodes,
-    and plan.json holds the prediction beside what that run measured."""
+    """`ddl plan --verify 2 --submit` from the "login node": the plan is printed here, the
+    job trains its two best layouts for 2 nodes x 4 processes, each an srun step over both
+    nodes, and plan.json holds the predictions beside what those runs measured."""
     out = tmp_path / "out"
     proc = run_ddl("plan", "--plugin", "mnist", "--preset", "tiny", "--site", "local-slurm",
                    "--nodes", "2", "--global-batch-size", "64", "--data-dir",
-                   str(synthetic_mnist), "--verify", "1", "--submit", "--output-dir", str(out),
+                   str(synthetic_mnist), "--verify", "2", "--submit", "--output-dir", str(out),
                    "--time", "00:10:00", cwd=tmp_path, env=slurm.env, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("mnist tiny on local-slurm: 2 node(s) x 4 processes, "
@@ -388,12 +388,13 @@ def test_plan_verify_trains_the_best_layout_in_one_job(slurm, synthetic_mnist, t
     report = json.loads(Path(paths["results"]).read_text())
     verified = report["verify"]
     assert verified["slurm_job"] == job_id, verified
-    [layout] = verified["layouts"]
-    assert layout["status"] == "measured", layout
-    assert layout["mesh"] == report["fits"][0]["mesh"]  # the plan's best, as it ran
-    assert layout["measured"]["mesh"] == layout["mesh"]
-    assert math.prod(layout["mesh"].values()) == 8
-    assert 0.95 <= layout["ratio"]["model_state"] <= 1.05, layout
+    assert len(verified["layouts"]) == 2  # two srun steps, one rendezvous port after another
+    for layout, planned in zip(verified["layouts"], report["fits"]):
+        assert layout["status"] == "measured", layout
+        assert layout["mesh"] == planned["mesh"]  # the plan's best two, as they ran
+        assert layout["measured"]["mesh"] == layout["mesh"]
+        assert math.prod(layout["mesh"].values()) == 8
+        assert 0.95 <= layout["ratio"]["model_state"] <= 1.05, layout
     assert "predicted / measured" in log, log  # the table, in the job's log
     # the layouts' run dirs and the job's scratch went with the job
     assert sorted(p.name for p in Path(paths["results"]).parent.iterdir()) == ["plan.json"]

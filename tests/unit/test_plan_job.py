@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, run_ddl
+from conftest import REPO, assert_one_line_error, run_ddl
 from ddl.commands import plan_verify
 
 pytestmark = pytest.mark.unit
@@ -66,7 +66,9 @@ def test_in_a_job_each_layout_is_an_srun_step_over_its_nodes(monkeypatch, tmp_pa
     assert command[:3] == ["srun", "--nodes=2", "--ntasks-per-node=4"], command
     assert command[command.index("-m") - 1] == sys.executable
     assert " --launcher srun --nproc 4 " in text and " --mesh dp_shard=8 " in text
-    assert re.search(r"--cpu-bind=\S+", text)  # as `ddl submit`'s srun binds
+    from ddl.launch.site_env import srun_binding
+
+    assert f"--cpu-bind={srun_binding(site, 4)}" in command  # as `ddl submit`'s srun binds
     # a job of another node count would run other layouts: refused
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     with pytest.raises(Exception, match="this Slurm job has 1 node"):
@@ -82,11 +84,13 @@ def test_in_a_job_each_layout_is_an_srun_step_over_its_nodes(monkeypatch, tmp_pa
     (["--site", "juwels", "--submit"], ["--submit: ", "allowed: with --verify [K]"]),
     (["--site", "juwels", "--account", "x"], ["--account: a Slurm job's setting",
                                               "allowed: with --verify K --submit"]),
-    (["--site", "local", "--verify", "1", "--submit"], ["local is not a Slurm site"]),
+    (["--site", "local", "--verify", "1", "--submit"],
+     ["--submit: site local is not a Slurm site", "or --verify without --submit"]),
     (["--site", "juwels", "--verify", "1", "--submit", "--time", "99:00:00:00"],
      ["--time: "]),
     (["--site", "juwels", "--save", "/nonexistent/dir/plan.json"],
-     ["--save: /nonexistent/dir is not a directory"]),
+     ["--save: cannot write /nonexistent/dir/plan.json", "allowed: a file in an existing"]),
+    (["--site", "juwels", "--save", "/"], ["--save: cannot write /"]),
 ])
 def test_what_cannot_be_submitted_is_one_line(tmp_path, args, needles):
     proc = run_ddl(*PLAN, *args, "--dry-run" if "--submit" in args else "--top=1",
@@ -106,3 +110,20 @@ def test_save_writes_the_report_as_json(synthetic_mnist, tmp_path):
     assert saved["site"] == "juwels-booster" and saved["fits"]
     assert proc.stdout.startswith("mnist tiny on juwels-booster")  # the table still printed
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary left
+
+
+def test_a_cpu_partition_gets_a_task_per_process_and_no_gpus(synthetic_mnist, tmp_path):
+    """A CPU cluster's partition has no GPUs: the job asks for the plan's processes as
+    tasks (not one task per GPU, which would be one task with all the CPUs) and no GRES."""
+    profile = (REPO / "sites" / "local-slurm.toml").read_text()
+    (tmp_path / "cpu-only.toml").write_text(
+        profile.replace('name = "local-slurm"', 'name = "cpu-only"')
+        .replace("gpus_per_node = 4 ", "gpus_per_node = 0 ")
+        .replace('"local" }', '"cpu-only" }'))
+    proc = run_ddl(*PLAN, "--site", "cpu-only", "--nodes", "2", "--nproc", "4", "--data-dir",
+                   str(synthetic_mnist), "--verify", "1", "--submit", "--dry-run",
+                   cwd=tmp_path, env={"DDL_SITE_PATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    sbatch = [line for line in proc.stdout.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --ntasks-per-node=4" in sbatch and "#SBATCH --cpus-per-task=2" in sbatch
+    assert not [line for line in sbatch if "gres" in line or "gpus" in line], sbatch

@@ -28,9 +28,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UsageError(f"{flag}: {value}; allowed: a whole number >= 1")
     plan_job.check_flags(ns)
-    if ns.save is not None and not ns.save.resolve().parent.is_dir():
-        raise UsageError(f"--save: {ns.save.parent} is not a directory; allowed: a file in "
-                         "an existing directory")
+    if ns.save is not None:
+        _check_save(ns.save)
     plugins = Plugins()
     site = get_site(ns.site, plugins)
     _, partition = site.partition(ns.partition) if site.partitions else (None, None)
@@ -49,7 +48,7 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     if ns.verify is not None and not ns.submit:  # refused here if this machine cannot
         plan_verify.check_runnable(target, ns.nodes, world, site)
     if ns.submit:  # everything the job needs is checked before the planning's minute
-        job = plan_job.prepare(ns, site)
+        job = plan_job.prepare(ns, site, partition, target.per_node)
     data_dir = Path(ns.data_dir or site.defaults.data_dir or "data")
     report = plan_layouts(spec, preset, site, target.per_node, world, global_batch, data_dir,
                           device_kind=target.device_kind, memory_bytes=target.memory_bytes,
@@ -74,11 +73,26 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return plan_verify.exit_code(report["verify"]) if "verify" in report else 0
 
 
+def _check_save(path: Path) -> None:
+    """``--save FILE`` refused before the planning when it could not be written."""
+    import os
+
+    parent = path.resolve().parent
+    if not parent.is_dir() or path.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"--save: cannot write {path}; allowed: a file in an existing "
+                         "directory you can write")
+
+
 def _save(report: dict, path: Path) -> None:
     """``--save FILE``: the report as JSON, written whole or not at all."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"--save: cannot write {path}: {exc.strerror or exc}; allowed: a "
+                         "file in an existing directory you can write") from None
 
 
 def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,

@@ -42,14 +42,20 @@ class Job:
     site: str
 
 
-def prepare(ns: argparse.Namespace, site) -> Job:
-    """The job's script, checked (site, partition, nodes, time, setup, bash -n)."""
+def prepare(ns: argparse.Namespace, site, partition, per_node: int) -> Job:
+    """The job's script, checked (site, partition, nodes, time, setup, bash -n):
+    ``per_node`` tasks on each node, with as many of the partition's GPUs (none on a
+    CPU partition)."""
     from ddl.commands.submit import this_ddl
     from ddl.launch.submit import SubmitRequest, check_syntax, render
     from ddl.settings.plan import absolute
 
+    if not site.uses_slurm:
+        raise UsageError(f"--submit: site {site.name} is not a Slurm site; allowed: a Slurm "
+                         "site's profile, or --verify without --submit to train here")
     output_dir = absolute(ns.output_dir, "--output-dir")
-    ddl = shlex.quote(this_ddl(ns.setup))
+    ddl_command = this_ddl(ns.setup)
+    ddl = shlex.quote(ddl_command)
     args = []
     for flag, key in FORWARDED:
         value = getattr(ns, key)
@@ -70,9 +76,10 @@ def prepare(ns: argparse.Namespace, site) -> Job:
     request = SubmitRequest(
         nodes=ns.nodes, launcher="srun", train_args=[], plugin=ns.plugin, strategy="plan",
         output_dir=output_dir, account=ns.account, partition=ns.partition,
-        time=ns.time or JOB_TIME, gpus_per_node=ns.nproc, job_name=job_name,
-        ddl_command=ddl, extra_sbatch=ns.sbatch, stop_margin_s=0, setup=ns.setup,
-        batch_step=step)
+        time=ns.time or JOB_TIME, job_name=job_name,
+        gpus_per_node=min(per_node, partition.gpus_per_node if partition else 0),
+        tasks_per_node=per_node, ddl_command=ddl_command, extra_sbatch=ns.sbatch,
+        stop_margin_s=0, setup=ns.setup, batch_step=step)
     script = render(site, request)
     check_syntax(script, site)
     return Job(script, output_dir, job_name, site.name)
@@ -85,11 +92,15 @@ def submit(job: Job, dry_run: bool) -> dict:
 
     if dry_run:
         return {"submitted": False, "script": job.script}
-    job.output_dir.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=job.output_dir, suffix=".sbatch",
-                                prefix=f"plan-verify-{time.strftime('%Y%m%d-%H%M%S')}-")
-    with os.fdopen(fd, "w") as f:
-        f.write(job.script)
+    try:
+        job.output_dir.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=job.output_dir, suffix=".sbatch",
+                                    prefix=f"plan-verify-{time.strftime('%Y%m%d-%H%M%S')}-")
+        with os.fdopen(fd, "w") as f:
+            f.write(job.script)
+    except OSError as exc:
+        raise UsageError(f"--output-dir: cannot write the job script to {job.output_dir}: "
+                         f"{exc.strerror or exc}; allowed: a directory you can write") from None
     job_id = sbatch(Path(name))
     return {"submitted": True, "job_id": job_id, "site": job.site, "script": name,
             "log": str(job.output_dir / f"{job.job_name}-{job_id}.out"),

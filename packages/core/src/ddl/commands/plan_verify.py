@@ -26,7 +26,8 @@ All of a plan's layouts share one world size (nodes x processes per node), so ei
 machine can run them all or none: a GPU plan needs that many GPUs here, on one node, or a
 Slurm job of the plan's nodes on its site (``ddl plan --verify K --submit`` writes and
 submits that job: commands/plan_job). Inside such a job each layout runs as an srun step
-over the job's nodes, in the site's launch style (``ddl train --launcher srun``).
+over the job's nodes, one task per process (``ddl train --launcher srun``, whatever the
+site's usual launch style).
 A layout squeezed onto fewer ranks than it was planned for would be another layout (other
 shards, other batches per rank), proving nothing about the plan, so that is refused in one
 line before any planning, not run as a stand-in. On a CPU, any number of processes runs
@@ -67,7 +68,7 @@ def in_job(site, nodes: int) -> bool:
 
 def check_runnable(target, nodes: int, world: int, site=None) -> None:
     """Refuse ``--verify`` when this machine cannot run the plan's layouts as planned."""
-    if target.device_kind == "cpu" or (site is not None and in_job(site, nodes)):
+    if (site is not None and in_job(site, nodes)) or target.device_kind == "cpu":
         return
     import torch
 

@@ -6,6 +6,7 @@ whole public interface. The modules: hook specifications (``hookspecs``), the li
 plugin registers (``specs``), the interfaces (``workload``, ``strategy``), who a process is
 (``world``), what a workload knows of its run (``context``), the parallel layout of a run (``layout``), the plugin manager (``plugins``), errors, and the helpers plugins share
 (``datafiles`` for data-set installs, ``batchnorm`` for ghost BatchNorm in pipelines,
+``fast_optim`` for fused optimizers on GPUs, ``host_memory`` for the memory a machine can give,
 ``state_names``). ``CONTRACT_VERSION`` (``version``) is the contract's semantic version:
 the policy, and what each version changed, are in docs/plugin-authors.md and CHANGELOG.md;
 ``deprecation`` keeps moved names working for a minor version.

@@ -72,6 +72,7 @@ class SubmitRequest:
     # Instead of the srun of `ddl train`: shell lines the batch script itself runs (after
     # the environment and rendezvous), e.g. `ddl plan --verify`, which starts its own sruns.
     batch_step: list[str] | None = None
+    tasks_per_node: int | None = None  # default: one per GPU requested (at least one)
 
 
 def _sbatch_value(flag: str, value: str, longest: int = 4096) -> str:
@@ -181,7 +182,7 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     if gpus > part.gpus_per_node:
         raise UsageError(f"--gpus-per-node: partition {part_name} has {part.gpus_per_node} "
                          f"GPUs per node (got {gpus})")
-    procs = max(gpus, 1)
+    procs = req.tasks_per_node or max(gpus, 1)
     per_node_launcher = req.launcher in ("torchrun", "torchrun_jsc")
     tasks = 1 if per_node_launcher else procs
     cpus_per_task = part.cpus_per_node if per_node_launcher else part.cpus_per_node // procs

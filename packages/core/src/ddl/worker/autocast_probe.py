@@ -13,7 +13,7 @@ and fp16 keep the same bytes, so the probe uses bf16 for both.
 ``torch.autocast("cuda")`` switches itself off where no GPU is visible, so on a CPU-only
 machine planning for a GPU site the CUDA autocast state is set directly (and restored).
 What this reproduces was checked against the saved-tensor meter of real CPU runs under
-``--precision bf16`` (tests/unit/test_plan_precision.py); the CUDA policy runs here only
+``--precision bf16`` (tests/distributed/test_plan_precision.py); the CUDA policy runs here only
 on fake tensors, never against a GPU run's meter (the GPU kit records that comparison).
 """
 
@@ -51,12 +51,30 @@ def fake_device(model: nn.Module, batch: tuple[Any, ...], precision: str, device
 
     device = torch.device(device_type)
     with ExitStack() as stack:
+        stack.enter_context(_no_gpu_context())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         model.to_empty(device=device)
         moved = tree_map(lambda t: torch.empty_like(t, device=device)
                          if isinstance(t, torch.Tensor) else t, batch)
         stack.enter_context(_autocast(device_type))
         yield moved
+
+
+@contextmanager
+def _no_gpu_context():
+    """Fake CUDA tensors must not touch a real GPU: torch (2.14) creates a CUDA context
+    for the first fake CUDA tensor wherever a GPU is visible (``init_gpu_context``, for a
+    fake backward; the probe runs none). On a GPU node that would leave a context of
+    several hundred MiB on GPU 0 in every rank that plans (``ddl train --mesh auto``) and in
+    a ``--verify`` job's planner while its layouts train."""
+    from torch._subclasses import fake_tensor
+
+    real = fake_tensor.init_gpu_context
+    fake_tensor.init_gpu_context = lambda device: None
+    try:
+        yield
+    finally:
+        fake_tensor.init_gpu_context = real
 
 
 @contextmanager

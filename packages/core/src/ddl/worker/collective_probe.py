@@ -6,12 +6,13 @@ N processes (spawned: a CUDA driver must not be forked) join one process group o
 127.0.0.1 - gloo on CPUs, NCCL on GPUs, one GPU each - with the rendezvous store opened by
 the parent on a port the kernel picks (``port=0``: nothing to race for). Each rank runs one
 thread, as ddl's CPU workers do when there are as many ranks as cores. For every operation
-and message size: two warm-up calls, then ``repeats`` timings of ``inner`` calls; a timing
-is the slowest rank's (a collective ends when its last rank is done), the size's time the
-mean timing / ``inner`` (a training run pays the mean, its slow calls included). On a CPU
-each timed call follows 1 ms of compute on the rank's thread, as a training step's
-collective follows its backward: a thread woken from a busy core is slower to answer than
-one that waits in a tight loop of collectives (``COMPUTE_S``). Sizes are the bytes of the whole buffer (the
+and message size: two warm-up calls, then ``repeats`` timings of ``inner`` calls (10, or 2
+from 1 MiB); a timing is the slowest rank's (a collective ends when its last rank is
+done), the size's time the mean timing / ``inner`` (a training run pays the mean, its slow
+calls included). On a CPU each call is timed alone, after 1 ms of compute on the rank's
+thread, as a training step's collective follows its backward: a thread woken from a busy
+core is slower to answer than one that waits in a tight loop of collectives
+(``COMPUTE_S``). On a GPU the calls run back to back with one synchronisation at the end. Sizes are the bytes of the whole buffer (the
 all-reduced tensor, the all-gather's output, the reduce-scatter's input, one message).
 Point-to-point is a ring shift: every rank sends to the next and receives from the previous
 at once, as the stages of a pipeline do.
@@ -107,13 +108,18 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int,
                     dist.barrier()
                     sync()
                     spent = 0.0
-                    for _ in range(inner):
-                        if device.type == "cpu":  # as a training step issues it
+                    if device.type == "cpu":  # each call as a training step issues it
+                        for _ in range(inner):
                             _compute(work, COMPUTE_S)
+                            t0 = time.perf_counter()
+                            _run_op(op, buffers, rank, world)
+                            spent += time.perf_counter() - t0
+                    else:  # GPU kernels queue back to back; one synchronisation at the end
                         t0 = time.perf_counter()
-                        _run_op(op, buffers, rank, world)
+                        for _ in range(inner):
+                            _run_op(op, buffers, rank, world)
                         sync()
-                        spent += time.perf_counter() - t0
+                        spent = time.perf_counter() - t0
                     elapsed = torch.tensor([spent], dtype=torch.float64, device=device)
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     timings.append(float(elapsed.item()) / inner)

@@ -129,7 +129,7 @@ class Planner:
                 [2 * a - b for a, b in zip(two.per_stage, three.per_stage)],
                 boundary_bytes=three.boundary_bytes - two.boundary_bytes,
                 rowwise_bytes=three.rowwise_bytes - two.rowwise_bytes)
-            return one, two, str(exc).strip().splitlines()[0]
+            return one, two, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
     def stage_bytes(self, tp: int, pp: int, checkpointing: str, size: int
                     ) -> tuple[list[float], probe.Activations]:
