@@ -31,7 +31,7 @@ def test_counts_the_peak_not_the_sum_of_micro_batches():
         _pass(x, w).backward()
     assert meter.peak_bytes == one
     meter = SavedTensorMeter()
-    with meter.measure(micro_steps=2):  # accumulation: each backward frees before the next
+    with meter.measure():  # accumulation: each backward frees before the next
         _pass(x.clone(), w).backward()
         _pass(x.clone(), w).backward()
     assert meter.peak_bytes == one

@@ -58,7 +58,7 @@ def test_in_a_job_each_layout_is_an_srun_step_over_its_nodes(monkeypatch, tmp_pa
               "global_batch": 64}
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
-    assert plan_verify.in_job(site, 2)
+    assert plan_verify.in_slurm_job(site, 2)
     row = {"flags": ["--mesh", "dp_shard=8"]}
     command = plan_verify.train_command(row, report, "cuda", tmp_path, tmp_path / "run",
                                         plan_verify.srun_prefix(site, report))
@@ -72,10 +72,10 @@ def test_in_a_job_each_layout_is_an_srun_step_over_its_nodes(monkeypatch, tmp_pa
     # a job of another node count would run other layouts: refused
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     with pytest.raises(Exception, match="this Slurm job has 1 node"):
-        plan_verify.in_job(site, 2)
+        plan_verify.in_slurm_job(site, 2)
     # outside Slurm, or on a site that is not Slurm's, the local launcher
     monkeypatch.delenv("SLURM_JOB_ID")
-    assert not plan_verify.in_job(site, 2)
+    assert not plan_verify.in_slurm_job(site, 2)
     local = plan_verify.train_command(row, report, "cpu", tmp_path, tmp_path / "run")
     assert local[0] == sys.executable and "--launcher local --nproc 8" in " ".join(local)
 

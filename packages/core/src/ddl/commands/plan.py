@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ddl.commands import plan_job, plan_target, plan_verify
 from ddl.contract.errors import DataError, UsageError
+from ddl.settings.memory_model import size_text
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
@@ -171,12 +172,12 @@ def render(report: dict, top: int) -> str:
     fits, dropped = report["fits"], report["dropped"]
     lines = [f"{report['plugin']} {report['preset']} on {report['site']}: {report['nodes']} "
              f"node(s) x {report['gpus_per_node']} {report.get('devices', 'GPUs')}, global "
-             f"batch {report['global_batch']}, {_gib(report['device_memory_bytes'])} per "
+             f"batch {report['global_batch']}, {size_text(report['device_memory_bytes'])} per "
              f"device ({report.get('memory_source', 'the site profile')})",
              ""]
     heads = ["#", "mesh", "micro", "accum", "ckpt", "memory/rank", "step (s)", "comm"]
     rows = [[str(i + 1), _mesh(p["mesh"]), str(p["micro_batch"]), str(p["accumulation"]),
-             p["activation_checkpointing"], _gib(p["memory_per_rank_bytes"]),
+             p["activation_checkpointing"], size_text(p["memory_per_rank_bytes"]),
              "-" if p["step_s"] is None else f"{p['step_s']:.3g}", _comm_share(p)]
             for i, p in enumerate(fits[:top])]
     if rows:
@@ -195,7 +196,7 @@ def render(report: dict, top: int) -> str:
                        key=lambda p: p["memory_per_rank_bytes"], default=None)
         if smallest and not fits:
             lines.append(f"  the smallest: {_mesh(smallest['mesh'])} needs "
-                         f"{_gib(smallest['memory_per_rank_bytes'])}")
+                         f"{size_text(smallest['memory_per_rank_bytes'])}")
     return "\n".join(lines) + "\n"
 
 
@@ -213,10 +214,3 @@ def _reason(text: str) -> str:
 
 def _mesh(degrees: dict[str, int]) -> str:
     return " x ".join(f"{d}={n}" for d, n in degrees.items() if n > 1) or "1 process"
-
-
-def _gib(nbytes: int) -> str:
-    if nbytes < 1024 ** 3:  # a tiny CPU model's state is kilobytes, not "0.0 GiB"
-        return f"{nbytes / 1024 ** 2:.1f} MiB" if nbytes >= 1024 ** 2 else \
-            f"{nbytes / 1024:.1f} KiB"
-    return f"{nbytes / 1024 ** 3:.1f} GiB"

@@ -48,17 +48,18 @@ from pathlib import Path
 from typing import Any
 
 from ddl.contract.errors import UsageError
+from ddl.settings.memory_model import size_text
 
 EPOCHS, STEPS = 2, 3  # the first epoch is warm-up: step time from the second
 
 
-def in_job(site, nodes: int) -> bool:
+def in_slurm_job(site, nodes: int) -> bool:
     """True in a Slurm job on ``site`` (``ddl plan --verify --submit``'s): the layouts then
     run as srun steps over the job's nodes. A job of another node count is refused: its
     layouts would be other layouts."""
     if not os.environ.get("SLURM_JOB_ID") or not site.uses_slurm:
         return False
-    have = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+    have = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")))
     if have != nodes:
         raise UsageError(f"--verify: this Slurm job has {have} node(s) and the plan is for "
                          f"{nodes}; allowed: --nodes {have} in this job, or --submit to get "
@@ -68,7 +69,7 @@ def in_job(site, nodes: int) -> bool:
 
 def check_runnable(target, nodes: int, world: int, site=None) -> None:
     """Refuse ``--verify`` when this machine cannot run the plan's layouts as planned."""
-    if (site is not None and in_job(site, nodes)) or target.device_kind == "cpu":
+    if (site is not None and in_slurm_job(site, nodes)) or target.device_kind == "cpu":
         return
     import torch
 
@@ -92,7 +93,7 @@ def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path,
     fits = report["fits"]
     chosen = fits[:k]
     notes = []
-    srun = srun_prefix(site, report) if site is not None and in_job(
+    srun = srun_prefix(site, report) if site is not None and in_slurm_job(
         site, report["nodes"]) else None
     if len(fits) < k:
         notes.append(f"only {len(fits)} layout(s) fit: {len(chosen)} verified, not {k}")
@@ -245,12 +246,7 @@ def _pair(predicted, measured, fmt) -> str:
 
 
 def _bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+    return "n/a" if n is None else size_text(n)
 
 
 def _seconds(s: float | None) -> str:

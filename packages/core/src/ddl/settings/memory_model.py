@@ -158,6 +158,15 @@ def pipeline_peak(actions: Iterable[tuple[str, int]], stage_bytes: dict[int, flo
     return peak
 
 
+def size_text(nbytes: float) -> str:
+    """Bytes as `ddl plan` prints them: GiB from 1 GiB, else MiB or KiB (a tiny CPU
+    model's state is kilobytes, not "0.0 GiB")."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024 ** 2)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes / 1024:.1f} KiB"
+
+
 def device_total(model_state_bytes: int, activation_bytes: int, device_kind: str) -> int:
     """What one device needs: model state, the activations of a step, the runtime reserve."""
     return model_state_bytes + activation_bytes + RUNTIME_RESERVE_BYTES.get(device_kind, 0)

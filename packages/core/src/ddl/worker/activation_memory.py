@@ -50,11 +50,10 @@ class SavedTensorMeter:
         self.peak_bytes = 0
 
     @contextmanager
-    def measure(self, micro_steps: int = 1):
-        """Count inside the block. ``micro_steps``: how many micro-batches the block runs
-        one after another (gradient accumulation); informational: the live count needs no
-        division, a micro-batch's backward frees its tensors (and selective checkpointing's
-        kept outputs) before the next one saves."""
+    def measure(self):
+        """Count inside the block. Gradient accumulation needs no division: a micro-batch's
+        backward frees its tensors (and selective checkpointing's kept outputs) before the
+        next one saves."""
         live = _Live()
         # what selective checkpointing keeps, per checkpointed call, while torch holds it
         activation_checkpointing.kept_meter = _Kept(live)

@@ -71,7 +71,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
             # the first steps of an epoch also count the bytes kept for backward (cheap, but
             # one Python call per saved tensor: not on every step)
             meter = run.saved_tensors if run.saved_tensors and i - position < 2 else None
-            with meter.measure(len(micro)) if meter else contextlib.nullcontext():
+            with meter.measure() if meter else contextlib.nullcontext():
                 loss, outputs, clipped = _step(run, micro)
             breakdown.stepped()
             if run.step == 0 and run.config.compile:
