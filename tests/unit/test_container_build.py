@@ -320,3 +320,62 @@ def test_an_unreachable_registry_gives_the_offline_route_before_building(tmp_pat
                    "wheelhouse", "ddl container build --offline", "--base BASE"):
         assert needle in lines[0], lines[0]
     assert not started.exists()
+
+
+# --- the torch pair comes from the wheelhouse (issue 52, item 7) ------------------------------
+def _wheels(where: Path, *names: str) -> Path:
+    where.mkdir(exist_ok=True)
+    for name in ("ddl-0.1.0-py3-none-any.whl", *names):
+        (where / name).write_bytes(b"")
+    return where
+
+
+def test_the_cpu_build_installs_the_torch_pair_the_wheelhouse_holds(tmp_path):
+    """README's offline route: build-wheelhouse.sh --cpu-torch found 2.13.0+cpu where
+    cpu.def's default names 2.14.1; the build reads the pair from the wheels."""
+    from ddl.launch import container_build as c
+
+    wh = _wheels(tmp_path / "wh", "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "torchrun_jsc-0.0.19-py3-none-any.whl")
+    req = c.BuildRequest(definition=c.definition_for("cpu"), output=tmp_path / "x.sif",
+                         wheelhouse=wh, offline=True)
+    assert c.validate(req, check=False)["TORCH"] == "torch==2.13.0+cpu torchvision==0.28.0"
+    req.build_args = {"TORCH": "torch==2.14.1 torchvision==0.29.1"}  # the user's wins
+    assert c.validate(req, check=False)["TORCH"] == "torch==2.14.1 torchvision==0.29.1"
+    req.build_args = {}
+    req.definition = c.definition_for("cuda")  # takes torch from its base: no TORCH
+    assert "TORCH" not in c.validate(req, check=False)
+
+
+def test_without_torch_wheels_the_definition_default_stays(tmp_path):
+    from ddl.launch import container_build as c
+
+    req = c.BuildRequest(definition=c.definition_for("cpu"), output=tmp_path / "x.sif",
+                         wheelhouse=_wheels(tmp_path / "wh"))
+    assert "TORCH" not in c.validate(req, check=False)
+
+
+def test_two_torch_versions_in_the_wheelhouse_are_refused_in_one_line(tmp_path):
+    from ddl.contract.errors import UsageError
+    from ddl.launch import container_build as c
+
+    wh = _wheels(tmp_path / "wh", "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
+                 "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "torchvision-0.29.1-cp311-cp311-manylinux_2_28_x86_64.whl")
+    with pytest.raises(UsageError) as err:
+        c.wheelhouse_torch(wh)
+    assert "torch 2.13.0+cpu and 2.14.1" in str(err.value)
+    assert "--build-arg TORCH=" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_empty_wheelhouse_hint_names_the_cpu_torch_flag(tmp_path):
+    """Issue 52, item 9: the flag is --cpu-torch (--torch adds the CUDA build)."""
+    from ddl.contract.errors import UsageError
+    from ddl.launch import container_build as c
+
+    (tmp_path / "wh").mkdir()
+    with pytest.raises(UsageError) as err:
+        c.check_wheelhouse(tmp_path / "wh")
+    assert "add --cpu-torch for the CPU image" in str(err.value)
+    assert "--torch " not in str(err.value)

@@ -110,8 +110,9 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
 
 def check_loopback() -> None:
     """Every local run talks over 127.0.0.1 (the rendezvous store, gloo). With the loopback
-    interface down (a container or namespace without network: `apptainer run --net
-    --network none`, `unshare -n`), gloo failed with "Unable to find interface for
+    interface down (a network namespace made without bringing `lo` up, e.g. `unshare -n`;
+    not `apptainer run --net --network none`, whose namespace keeps its loopback up, so a
+    local run trains there), gloo failed with "Unable to find interface for
     127.0.0.1" and two processes retried their rendezvous for 3 minutes, printing ~1000
     lines; one connection to ourselves says so in a millisecond."""
     import socket
@@ -123,8 +124,8 @@ def check_loopback() -> None:
             socket.create_connection(server.getsockname(), timeout=5).close()
     except OSError as exc:
         raise DdlError(f"127.0.0.1 is unreachable here ({exc.strerror or exc}): the loopback "
-                       "interface is down, as in a container or namespace without network "
-                       "(apptainer --network none, unshare -n); local processes talk over "
+                       "interface is down, as in a network namespace made without it "
+                       "(unshare -n); local processes talk over "
                        "it, even one: bring it up (ip link set lo up) or run where it "
                        "is") from None
 
