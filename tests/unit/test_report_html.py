@@ -196,3 +196,101 @@ def test_a_plugins_odd_metric_name_is_escaped_and_drawn_as_written(tmp_path):
     text = render([run], tmp_path / "out")
     assert "<b>" not in text and "val &lt;b&gt;$\\bad{x}$" in text
     assert_images_are_embedded_pngs(Page(text), at_least=7)
+
+
+# --- issue 52, item 12 ---------------------------------------------------------------------
+def _edit_results(run: Path, **changes) -> Path:
+    results = json.loads((run / "results.json").read_text())
+    results.update(changes)
+    (run / "results.json").write_text(json.dumps(results))
+    return run
+
+
+GPU_PEAK_ON_CPU = {"flops_per_sample": 1935360, "achieved_flops_per_device": 7.4e8,
+                   "peak_flops_per_device": 191.5e12, "peak_source": "site profile lumi-g",
+                   "mfu": 3.9e-6}
+
+
+def test_a_cpu_run_under_a_gpu_site_has_no_mfu_and_says_why(tmp_path):
+    """A `--device cpu` run with --site lumi: no MFU against the GCD's peak ('0.0 %' before),
+    in the table, the page and scale.json's point, also for results written before."""
+    from ddl.commands import report
+
+    run = _edit_results(write_run(tmp_path / "r", ranks=1), site="lumi-g",
+                        mfu=GPU_PEAK_ON_CPU)
+    built = report.build([run])
+    point = built["points"][0]
+    assert point["mfu"] is None and point["peak_flops_per_device"] is None
+    assert "cpu run" in point["mfu_note"] and "lumi-g" in point["mfu_note"]
+    table = report.format_table(built)
+    assert "0.00%" not in table and "note: MFU '-' for 1 device(s): none: a cpu run" in table
+    text = render([run], tmp_path / "out")
+    mfu_rows = {cells[0]: cells[1] for a, cells in Page(text).rows if len(cells) == 2}
+    assert mfu_rows["MFU"] == "-" and "peak of its rocm devices" in text
+    assert "No MFU: none: a cpu run" in text
+    # --peak-flops of ddl report still gives one
+    assert report.build([run], 1e9)["points"][0]["mfu"] is not None
+
+
+def test_the_worker_records_no_gpu_peak_for_a_cpu_run():
+    from ddl.worker import mfu
+
+    peak, source = mfu.site_peak(191.5e12, "lumi-g", "rocm", "cpu")
+    assert peak is None and source.startswith("none: a cpu run")
+    assert mfu.site_peak(191.5e12, "lumi-g", "rocm", "cuda") == (191.5e12,
+                                                                  "site profile lumi-g")
+    assert mfu.site_peak(None, "local", "cpu", "cpu") == (None, "site profile local")
+
+
+def test_the_page_shows_the_container_results_json_records(tmp_path):
+    record = {"runtime": "apptainer", "image": "/p/project/x/ddl.sif", "target": "cpu",
+              "commit": "13f294b", "built": "2026-11-29T07:00:00Z", "ddl_version": "0.1.0",
+              "file": {"size": 1.5 * 2**30, "mtime": "2026-11-29T07:05:00+0000"}}
+    run = _edit_results(write_run(tmp_path / "r", ranks=1), container=record)
+    config = {cells[0]: cells[1] for a, cells in Page(render([run], tmp_path / "o")).rows
+              if len(cells) == 2}
+    assert config["container"].startswith("/p/project/x/ddl.sif (apptainer, target cpu)")
+    assert "commit 13f294b" in config["container"] and "1.50 GiB" in config["container"]
+    plain = write_run(tmp_path / "plain", ranks=1)
+    config = {cells[0]: cells[1] for a, cells in Page(render([plain], tmp_path / "p")).rows
+              if len(cells) == 2}
+    assert config["container"] == "none (not run in a container)"
+
+
+def test_a_single_run_gets_report_html_only(tmp_path):
+    from ddl.commands import report
+
+    run = write_run(tmp_path / "r", ranks=1)
+    written = report.write(report.build([run]), run)
+    assert written == [run / "report.html"]
+    assert not list(run.glob("scale.*")) and not list(run.glob("*.png"))
+    study = [write_run(tmp_path / "s" / f"n{n}", ranks=n) for n in (1, 2)]
+    names = {p.name for p in report.write(report.build(study), tmp_path / "s")}
+    assert {"scale.json", "scale.csv", "speedup.png", "report.html"} <= names
+
+
+def test_the_legend_does_not_cover_the_data_wait_bars(monkeypatch):
+    """The legend overlapped the measured bars of the data-wait figure (issue 52)."""
+    from matplotlib.patches import Rectangle
+
+    from ddl.commands import report_charts as charts
+    from report_runs import epoch
+
+    figures = []
+    monkeypatch.setattr(charts, "_png", lambda fig: figures.append(fig) or b"")
+    epochs = [epoch(n, 2) for n in range(1, 4)]
+    for e in epochs:  # a data wait of 60-80 %: bars up to the top, no corner left free
+        e["data_wait_s"] = e["time_s"] * (0.5 + 0.1 * e["epoch"])
+    charts.data_wait(epochs)
+    charts.throughput(epochs)
+    charts.memory([{"model_state_bytes": 9e4, "peak_rss_bytes": (800 + r) * 2**20}
+                   for r in range(4)])
+    for fig in figures:
+        fig.tight_layout()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        legend = ax.get_legend().get_window_extent(renderer)
+        bars = [p.get_window_extent(renderer) for p in ax.patches if isinstance(p, Rectangle)]
+        assert bars and not any(legend.overlaps(b) for b in bars), ax.get_title()
+        charts.pyplot().close(fig)

@@ -3,7 +3,8 @@
 One point per run: epoch time (first epoch excluded, the trainer's summary), samples/s,
 speedup and parallel efficiency against the smallest run, MFU, per-rank memory and time
 spent waiting for data. Written as ``scale.json``, ``scale.csv``, three PNGs (time,
-throughput, speedup; the last two with the ideal line) and ``report.html``
+throughput, speedup; the last two with the ideal line) and ``report.html`` (a single run:
+``report.html`` alone)
 (ddl.commands.report_html: one run's page, or the study's). Used by ``ddl scale`` after its
 runs and by ``ddl report`` on any finished runs (e.g. after Slurm jobs ended).
 
@@ -74,6 +75,15 @@ def point(run_dir: Path, results: dict[str, Any],
     data_wait = sum(e["data_wait_s"] for e in measured) / len(measured)
     block = results.get("mfu") or {}
     peak = peak_override or block.get("peak_flops_per_device")
+    device = (results.get("world") or {}).get("device")
+    mfu_note = block.get("peak_source") if str(block.get("peak_source")).startswith(
+        "none:") and not peak_override else None
+    if not peak_override and peak and device == "cpu":
+        # results written before mfu.site_peak: a CPU run against a GPU site's peak
+        accelerator = _site_accelerator(results.get("site"))
+        if accelerator not in (None, "cpu"):
+            mfu_note = mfu.site_peak(peak, results["site"], accelerator, device)[1]
+            peak = None
     memory = results.get("memory_per_rank") or []
     usage = results.get("utilisation") or []
 
@@ -100,11 +110,24 @@ def point(run_dir: Path, results: dict[str, Any],
         "max_peak_rss_bytes": most("peak_rss_bytes"),
         "max_model_state_bytes": most("model_state_bytes"),
         "max_device_peak_allocated_bytes": most("device_peak_allocated_bytes"),
+        "mfu_note": mfu_note,
         "threads_per_rank": (results.get("threads") or {}).get("per_rank"),
-        "device": (results.get("world") or {}).get("device"),
+        "device": device,
         "cpu_percent_mean": mean_over_ranks("cpu_percent_mean"),
         "device_util_percent_mean": mean_over_ranks("device_util_percent_mean"),
     }
+
+
+def _site_accelerator(site: Any) -> str | None:
+    """The accelerator kind of a site profile by name, or None when it is not known here."""
+    if not isinstance(site, str):
+        return None
+    from ddl.settings.sites import get_site
+
+    try:
+        return get_site(site).accelerator
+    except Exception:  # an unknown or broken profile: keep the recorded peak
+        return None
 
 
 def _checked_point(run_dir: Path, peak_override: float | None) -> dict[str, Any]:
@@ -198,7 +221,14 @@ def build(run_dirs: list[Path], peak_override: float | None = None) -> dict[str,
             "baseline_devices": points[0]["devices"], "points": points}
 
 
-def write(report: dict[str, Any], out: Path) -> list[Path]:
+def write(report: dict[str, Any], out: Path, study: bool | None = None) -> list[Path]:
+    """The files of a report in ``out``. A study (``ddl scale``, or several points) gets
+    scale.json, scale.csv, the three scaling plots and report.html; a single run only its
+    report.html: a table and a speedup plot of one point say nothing, and ``ddl report
+    RUN`` writes into the run directory by default."""
+    if not (len(report["points"]) > 1 if study is None else study):
+        out.mkdir(parents=True, exist_ok=True)
+        return [report_html.write(report, out, [])]
     out.mkdir(parents=True, exist_ok=True)
     (out / "scale.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     with open(out / "scale.csv", "w", newline="", encoding="utf-8") as f:
@@ -275,6 +305,8 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{p['data_wait_fraction']:>9.1%} {rss:>10} {_pct(p['cpu_percent_mean'])} "
                      f"{_pct(p['device_util_percent_mean'])}")
     lines += [f"warning: {p['warning']}" for p in report["points"] if p.get("warning")]
+    lines += [f"note: MFU '-' for {p['devices']} device(s): {p['mfu_note']}"
+              for p in report["points"] if p.get("mfu_note")]
     return "\n".join(lines)
 
 

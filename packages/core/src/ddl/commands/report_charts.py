@@ -70,6 +70,14 @@ def _percent(ax) -> None:
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
 
 
+def _legend_below(ax) -> None:
+    """The legend under the axes, never over the data: inside, matplotlib's "best" place
+    still covered the data-wait bars (a warm-up bar low, measured bars high, no corner
+    free)."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
+              frameon=False)
+
+
 def metric_names(epochs: list[dict[str, Any]]) -> list[str]:
     """The metrics of the train and val splits, loss first, in the order first seen."""
     names: dict[str, None] = {}
@@ -116,7 +124,7 @@ def _epoch_bars(epochs: list[dict[str, Any]], values: list[float | None], ylabel
     _epoch_ticks(ax, epochs)
     if percent:
         _percent(ax)
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     return _png(fig)
 
 
@@ -149,7 +157,7 @@ def _rank_bars(series: list[tuple[str, list[float | None]]], ylabel: str,
                 for r, v in enumerate(values) if v is not None]
         ax.bar(*zip(*bars), width=width, label=name)
     ax.set_xticks(range(ranks))
-    ax.legend(fontsize=8)
+    _legend_below(ax)
     return _png(fig)
 
 

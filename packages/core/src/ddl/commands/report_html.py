@@ -267,14 +267,15 @@ def rank_section(results: dict[str, Any]) -> str:
 
 def mfu_section(point: dict[str, Any], results: dict[str, Any]) -> str:
     block = _dict(results.get("mfu"))
-    peak = point.get("peak_flops_per_device")
-    source = (block.get("peak_source") if peak == block.get("peak_flops_per_device")
-              else "--peak-flops of ddl report")
+    peak, why_none = point.get("peak_flops_per_device"), point.get("mfu_note")
+    source = why_none or (block.get("peak_source") if peak == block.get("peak_flops_per_device")
+                          else "--peak-flops of ddl report")
     rows = [("flops per sample", num(block.get("flops_per_sample"), ",.0f")),
             ("achieved FLOP/s per device", num(block.get("achieved_flops_per_device"), ".4g")),
             ("peak FLOP/s per device", f"{num(peak, '.4g')} ({text(source)})"),
             ("MFU", percent(point.get("mfu")))]
-    note = ("" if peak else '<p class="note">No device peak: give ddl report --peak-flops '
+    why = f"No MFU: {text(why_none)}. " if why_none else "No device peak: "
+    note = ("" if peak else f'<p class="note">{why}Give ddl report --peak-flops '
             "(a number, or 'measure' on this CPU) for an MFU.</p>")
     return pairs(rows, "mfu") + note
 
@@ -307,10 +308,24 @@ def configuration(results: dict[str, Any]) -> list[tuple[str, str]]:
         ("activation checkpointing", text(results.get("activation_checkpointing"))),
         ("compile", _flat(results.get("compile"))),
         ("data", text(data.get("dir")) + synthetic),
+        ("container", container(results.get("container"))),
         ("versions", _flat(versions)),
         ("restarts", _flat(results.get("restarts"))),
         ("resumed from", _flat(_dict(results.get("checkpoints")).get("resumed_from"))),
     ]
+
+
+def container(record: Any) -> str:
+    """results.json's ``container``: the image a run ran in, with its build labels."""
+    if not isinstance(record, dict):
+        return "none (not run in a container)"
+    file = _dict(record.get("file"))
+    size = charts.number(file.get("size"))
+    where = (f"; image file {size / 2**30:.2f} GiB, modified {text(file.get('mtime'))}"
+             if size is not None else "; image file not visible inside")
+    return (f"{text(record.get('image'))} ({text(record.get('runtime'))}, target "
+            f"{text(record.get('target'))}); built from ddl commit {text(record.get('commit'))} "
+            f"on {text(record.get('built'))}, ddl {text(record.get('ddl_version'))}{where}")
 
 
 # --- a study -----------------------------------------------------------------------------
@@ -346,8 +361,9 @@ def study_page(report: dict[str, Any], runs: list[tuple[dict[str, Any], dict[str
              "<h2>Runs</h2>", table(
                  ["devices", "run directory", "mesh degrees", "precision", "batch per replica",
                   "global batch", "lr", "threads per rank", "epochs", "final val", "test",
-                  "wall time s", "versions"],
-                 [run_row(p, r) for p, r in runs], left=(1, 2, 3, 9, 10, 12), id_="runs")]
+                  "wall time s", "versions", "container"],
+                 [run_row(p, r) for p, r in runs], left=(1, 2, 3, 9, 10, 12, 13),
+                 id_="runs")]
     return title, "\n".join(parts)
 
 
@@ -360,4 +376,5 @@ def run_row(point: dict[str, Any], results: dict[str, Any]) -> list[str]:
             num(_dict(results.get("lr")).get("scaled")), text(point.get("threads_per_rank")),
             num(len(_list(results.get("epochs")))), _metrics(final.get("val")),
             _metrics(final.get("test")), num(results.get("wall_time_s"), ".1f"),
-            text(f"ddl {versions.get('ddl')}, torch {versions.get('torch')}")]
+            text(f"ddl {versions.get('ddl')}, torch {versions.get('torch')}"),
+            text(_dict(results.get("container")).get("image"))]

@@ -222,6 +222,6 @@ def cmd_scale(ns: argparse.Namespace) -> int:
     print(report.format_table(built))
     if "note" in threads_record:
         print(f"note: {threads_record['note']}")
-    for path in report.write(built, out):
+    for path in report.write(built, out, study=True):
         print(f"  {path}")
     return 0

@@ -34,6 +34,18 @@ def mfu(flops_per_sample: float | None, samples_per_s: float, devices: int,
                                      devices) / peak_flops_per_device
 
 
+def site_peak(peak: float | None, site: str, accelerator: str | None,
+              device_type: str) -> tuple[float | None, str]:
+    """The peak to divide by and where it came from: the site profile's, unless the run's
+    devices are not the site's kind. A ``--device cpu`` run on lumi-g compared against a
+    GPU's 191.5 TFLOP/s gave "MFU 0.0 %", a number about nothing; it gets no peak, and
+    the source says why (``ddl report --peak-flops measure`` gives a CPU's)."""
+    if peak and accelerator and (device_type == "cpu") != (accelerator == "cpu"):
+        return None, (f"none: a {device_type} run, and the {peak:.4g} FLOP/s of site profile "
+                      f"{site} is the peak of its {accelerator} devices")
+    return peak, f"site profile {site}"
+
+
 def summary(flops_per_sample: float | None, samples_per_s: float, devices: int,
             peak_flops_per_device: float | None, peak_source: str) -> dict[str, Any]:
     """The ``mfu`` block of results.json and of a scaling point."""

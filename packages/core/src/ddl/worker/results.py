@@ -51,7 +51,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
              threads: dict[str, Any] | None = None,
              command: list[str] | None = None, tf32: bool = False,
              checkpoint_stall: dict[str, Any] | None = None,
-             predicted: dict[str, Any] | None = None) -> dict[str, Any]:
+             predicted: dict[str, Any] | None = None,
+             peak_accelerator: str | None = None) -> dict[str, Any]:
     """The results.json document. ``started``/``finished`` are ``time.time()`` values;
     ``memory``, ``utilisation`` and ``profile`` hold one entry per rank."""
     summary = _summary(epochs)
@@ -111,8 +112,9 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         results["profile"] = profile
     if predicted is not None:  # --mesh auto: ddl plan's prediction, beside what was measured
         results["plan"] = {"predicted": predicted}
+    peak, source = mfu.site_peak(peak_flops, config.site, peak_accelerator, world.device.type)
     results["mfu"] = mfu.summary(workload.flops_per_sample(), summary["samples_per_s"],
-                                 world.size, peak_flops, f"site profile {config.site}")
+                                 world.size, peak, source)
     return results
 
 

@@ -77,7 +77,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
         profile, used = profiler.finish(), usage.stop()  # measure training, not the test split
         observers.phase("testing")
         document = _finish(run, plugins, begin, epochs, started, profile, used,
-                           peak_flops=plan.site.device_peak_flops, command=plan.command,
+                           peak_flops=plan.site.device_peak_flops,
+                           peak_accelerator=plan.site.accelerator, command=plan.command,
                            predicted=plan.predicted)
     except BaseException as exc:
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
@@ -90,7 +91,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
 def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],
             started: float, profile: dict[str, Any] | None,
             used: dict[str, Any], peak_flops: float | None,
-            command: list[str], predicted: dict[str, Any] | None = None) -> dict[str, Any]:
+            command: list[str], predicted: dict[str, Any] | None = None,
+            peak_accelerator: str | None = None) -> dict[str, Any]:
     """Test, export the full weights and write results.json (rank 0). Every rank calls it:
     the test metrics, memory, weights and per-rank reports are gathered collectively."""
     config, world, workload, strategy, model = (run.config, run.world, run.workload,
@@ -118,7 +120,8 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
         resumed=begin.saved, strategy_report=strategy_report,
         utilisation=gather(used, world.size),
         profile=None if profile is None else gather(profile, world.size),
-        peak_flops=peak_flops, parallel=run.context.layout.degrees(),
+        peak_flops=peak_flops, peak_accelerator=peak_accelerator,
+        parallel=run.context.layout.degrees(),
         compiled=_compile_report(run), threads=threads.report(), command=command,
         tf32=run.precision.tf32)
     if world.is_main:
