@@ -120,3 +120,83 @@ def test_every_image_has_the_oci_labels(target):
     assert labels["org.opencontainers.image.title"] == f"ddl ({target} image)"
     # the version comes from the installed ddl, in %post
     assert "echo \"org.opencontainers.image.version $(ddl --version" in "\n".join(_post(path))
+
+
+# --- issue 52, item 11 ----------------------------------------------------------------------
+def _section(path: Path, name: str) -> str:
+    stage = parse(path)[-1]
+    line = next(n for n, section, _ in stage.sections if section == name)
+    return "\n".join(stage.bodies[line])
+
+
+ENTRYPOINTS = {"cuda.def": "/opt/nvidia/nvidia_entrypoint.sh",  # NGC's ENTRYPOINT
+               "rocm.def": "/opt/oci-entrypoint.sh"}  # lumi-multitorch's (laifs recipes)
+
+
+@pytest.mark.parametrize("name", sorted(ENTRYPOINTS))
+def test_runscript_goes_through_the_bases_entrypoint_with_ddls_stdout_clean(tmp_path, name):
+    """`apptainer run` of the GPU images runs ddl through the base's entrypoint (NGC's
+    driver check; lumi-multitorch's one-node libfabric setting), as a run of the base
+    would; the entrypoint's banner goes to stderr and what it exports reaches ddl."""
+    entry = tmp_path / "entrypoint.sh"
+    entry.write_text("#!/bin/sh\necho '== NVIDIA banner =='\nexport FROM_ENTRY=yes\n"
+                     'exec "$@"\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ddl").write_text('#!/bin/sh\necho "ddl $* entry=$FROM_ENTRY"\n')
+    for script in (entry, bin_dir / "ddl"):
+        script.chmod(0o755)
+    body = _section(REPO / "containers" / name, "runscript")
+    assert ENTRYPOINTS[name] in body
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    for present in (True, False):
+        script = body.replace(ENTRYPOINTS[name], str(entry if present else tmp_path / "none"))
+        proc = subprocess.run(["sh", "-c", script, "runscript", "sites", "--all"],
+                              capture_output=True, text=True, timeout=30, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == f"ddl sites --all entry={'yes' if present else ''}\n"
+        assert ("NVIDIA banner" in proc.stderr) is present
+
+
+def test_rocm_image_starts_from_the_lumi_ai_guides_multitorch_image():
+    """LUMI's AI guide (LUMI-AI-Guide 02-setting-up-environment, a7e3387) runs the LUMI AI
+    Factory's lumi-multitorch images; the older CSC image stays a --base option."""
+    args = dict(line.strip().split("=", 1) for line in
+                _section(REPO / "containers" / "rocm.def", "arguments").splitlines()
+                if "=" in line)
+    assert args["FROM"].startswith("/appl/local/laifs/containers/lumi-multitorch-")
+    assert "/lumi-multitorch-full-" in args["FROM"] and args["FROM"].endswith(".sif")
+    post = _section(REPO / "containers" / "rocm.def", "post")
+    assert "/opt/venv/bin" in post  # lumi-multitorch's Python, no conda
+    assert "python3 -m pip check" in post and "pip-check-base.txt" in post
+
+
+def test_rocm_pip_check_fails_only_on_what_the_install_added(tmp_path):
+    """The %post lines from `pip check` after the install to their `fi`, with pip check's
+    output given: the base's own broken requirement passes, a new one stops the build."""
+    post = _section(REPO / "containers" / "rocm.def", "post").splitlines()
+    start = next(i for i, l in enumerate(post)
+                 if l.strip().startswith("python3 -m pip check > /opt/ddl/pip-check.txt"))
+    end = next(i for i in range(start, len(post)) if post[i] == "    fi")
+    block = "\n".join(post[start + 1:end + 1]).replace("/opt/ddl", str(tmp_path))
+    base = "vllm 0.9.0 has requirement xformers==0.0.30, but you have xformers 0.0.29."
+    (tmp_path / "pip-check-base.txt").write_text(base + "\n")
+    for after, fails in ((base, False), ("No broken requirements found.", False),
+                         (base + "\ndeepspeed 0.17 has requirement numpy<2, but you have "
+                                 "numpy 2.3.", True)):
+        (tmp_path / "pip-check.txt").write_text(after + "\n")
+        proc = subprocess.run(["sh", "-c", f"set -eu\n{block}\necho passed"],
+                              capture_output=True, text=True, timeout=30)
+        if fails:
+            assert proc.returncode == 1 and proc.stdout.startswith("ERROR: after installing")
+            assert "deepspeed" in proc.stdout and "vllm" not in proc.stdout
+        else:
+            assert proc.returncode == 0 and proc.stdout.strip() == "passed", proc.stdout
+
+
+@pytest.mark.parametrize("name", ["cuda.def", "rocm.def"])
+def test_help_names_the_image_the_build_writes(name):
+    """One image name everywhere: `ddl container build` writes containers/ddl.sif."""
+    text = _section(REPO / "containers" / name, "help")
+    assert "containers/ddl.sif" in text
+    assert not re.search(r"ddl-(cuda|rocm)\.sif", text)
