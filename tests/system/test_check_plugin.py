@@ -41,6 +41,8 @@ def test_check_plugin_from_another_directory_with_relative_paths(tmp_path):
     assert ("UNAVAILABLE strategy:accelerate: strategy unavailable: install "
             "ddl-strategies[accelerate]") in lines, lines
     assert not any(l.startswith("FAIL") for l in lines), lines
-    assert lines[-1] == "chargpt: 7 passed, 0 failed, 1 unavailable", lines[-1]
+    assert lines[-1] == "chargpt: 8 passed, 0 failed, 1 unavailable", lines[-1]
+    assert any(l.startswith("PASS        meta-build: ") and "bit for bit" in l
+               for l in lines), lines
     assert (here / "kit" / "out" / "strategy-ddp" / "model.pt").is_file()
     assert (tmp_path / "shared-data").is_dir() and not (here / "kit" / "out" / "data").exists()

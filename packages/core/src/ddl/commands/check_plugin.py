@@ -4,7 +4,10 @@ no check failed (an unavailable strategy, a dependency not installed, is no fail
 check the workload cannot take, such as pp=4 on a 2-block model), 1 otherwise.
 
 The in-process checks run in order and stop at the first failure (the next ones need what
-it checks); then one process and each strategy through `ddl train`, each its own line.
+it checks); then ``meta-build`` (ddl.conformance.meta_build: the model built on the meta
+device equals a plain build, or ddl falls back with a note), then one process and each
+strategy through `ddl train`, each its own line. When the meta build differs, the FAIL
+line of every run that builds on the meta device names the build as the cause.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
         print(f"{status:<11} {check}" + (f": {detail}" if detail else ""), flush=True)
 
     workload = _in_process(conformance, spec, data_dir, ns.preset, line)
+    build_differs = None
+    if workload is not None:
+        report = conformance.check_meta_build(workload.build_model)
+        line("PASS" if report.ok else "FAIL", "meta-build", report.summary())
+        build_differs = None if report.ok else report
     if workload is not None:
         runnable = [s for s in chosen if not strategies[s].unavailable()]
         for s in chosen:
@@ -60,12 +68,29 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
             for run, failure in conformance.equivalence_results(
                     spec.name, data_dir, work_dir, plan.runs, rule, ns.preset):
                 label = "strategy:one process" if run is None else f"strategy:{run.label}"
-                line("FAIL" if failure else "PASS", label, failure.detail if failure else "")
+                detail = failure.detail if failure else ""
+                if failure and build_differs is not None and run is not None \
+                        and _splits_model(run.args):
+                    detail = ("the cause is the meta-device build, not a hook (see meta-build "
+                              f"above: {build_differs.summary()}); the run: {detail}")
+                line("FAIL" if failure else "PASS", label, detail)
     print(f"{spec.name}: {counts['PASS']} passed, {counts['FAIL']} failed, "
           f"{counts['UNAVAILABLE']} unavailable"
           + (f", {counts['NOT RUN']} not run" if counts["NOT RUN"] else "")
           + ("" if workload is not None else " (later checks not run)"))
     return 1 if counts["FAIL"] else 0
+
+
+def _splits_model(args: tuple[str, ...]) -> bool:
+    """Whether a kit run's layout splits the model, so builds it on the meta device
+    (ddl_strategies.compose: everything but one process and whole DDP replicas)."""
+    options = dict(zip(args[::2], args[1::2]))
+    strategy = options.get("--strategy", "")
+    if strategy and strategy not in ("ddp", "accelerate"):
+        return True
+    mesh = options.get("--mesh", "")
+    return any(part.split("=")[0] in ("dp_shard", "tp", "pp") and part.split("=")[-1] != "1"
+               for part in mesh.split(",") if part)
 
 
 def _in_process(conformance, spec, data_dir: Path, preset: str, line):

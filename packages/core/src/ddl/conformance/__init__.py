@@ -42,6 +42,7 @@ from ddl.conformance.inprocess import (
     check_spec,
     stage_name_problem,
 )
+from ddl.conformance.meta_build import MetaBuildReport, assert_meta_build, check_meta_build
 from ddl.conformance.runs import (
     DDL_COMMAND,
     STEPS,
@@ -64,17 +65,20 @@ __all__ = [
     "STEPS",
     "TOLERANCES",
     "ContractBroken",
+    "MetaBuildReport",
     "NotChecked",
     "Plan",
     "Run",
     "Skipped",
     "Tolerance",
+    "assert_meta_build",
     "assert_same_weights",
     "check_data",
     "check_datasets",
     "check_equivalence",
     "check_hints",
     "check_in_process",
+    "check_meta_build",
     "check_model",
     "check_spec",
     "check_strategies",

@@ -22,6 +22,11 @@ CONTRACTS = {
                        "the default pipeline_stages the splits name top-level children",
     "tp_plan": "a workload declaring tp_plan maps module paths of its model to "
                "'colwise' or 'rowwise'",
+    "meta-build": "the model built on the meta device and drawn tensor by tensor (how every "
+                  "layout that splits it builds it) equals, bit for bit, the model build_model() "
+                  "gives in one process at the same seed, and the random generator ends where "
+                  "a plain build leaves it; or ddl refuses the meta build and builds the plain "
+                  "way with a note",
     "strategy": "every strategy the workload supports, run by `ddl train` for 3 steps at "
                 "its smallest world, and every layout and feature ddl composes (HSDP, the "
                 "3-D mesh, tp and pp degrees of 4, accumulation, clipping, resume) end with "

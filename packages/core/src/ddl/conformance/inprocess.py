@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.conformance.contracts import ContractBroken
+from ddl.conformance.meta_build import assert_meta_build
 from ddl.contract.specs import CAPABILITIES, WorkloadSpec
 from ddl.contract.workload import SPLITS
 
@@ -287,3 +288,4 @@ def check_in_process(spec: WorkloadSpec, data_dir: Path, preset: str = "tiny") -
     splits = check_datasets(workload, data_dir, spec.name)
     check_model(workload, splits["train"], spec.name)
     check_hints(spec, workload)
+    assert_meta_build(workload.build_model, spec.name)

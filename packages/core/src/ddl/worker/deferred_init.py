@@ -23,11 +23,31 @@ the cost of that tensor (plus any temporaries it was computed from). torchdistx'
 carries this small Python version (torch's own meta-device recipe - ``to_empty`` then an
 ``init_weights`` of the workload's - would give different values than one process draws).
 
-Assumptions (checked where they can be, else documented): the random operations draw
-from the default CPU generator (an explicit ``generator=`` fails the recording, and the
-caller builds the plain way); how much a random operation draws depends on the shape, not
-on input values (true of uniform_, normal_, bernoulli_ with a scalar p, randn, rand,
-randint, randperm: what weight initialisers use).
+``record`` walks the random operations (``replay``) as soon as the build ends, so the
+generator then stands where a plain build leaves it, whatever draws come before the first
+tensor is materialised.
+
+Exact or loud (``NotReplayable``; ddl.worker.model_build then builds the plain way with one
+``ddl: note:``), never silently different:
+
+- torch.nn.init's initialisers that return early on a meta tensor (``trunc_normal_``,
+  ``orthogonal_``, ``dirac_``, ``sparse_``: found by their code reading ``is_meta``) are
+  redirected while recording (ddl.worker.meta_redirects): each call is logged as one
+  operation that runs the initialiser itself on the real tensor at replay time, drawing
+  exactly what a plain build draws (trunc_normal_'s rejection loop included).
+- A parameter or buffer that nothing wrote after its ``torch.empty`` is refused by name:
+  a plain build would leave it uninitialised, and an initialiser that skips meta tensors
+  ddl does not know would look the same.
+- The default CPU generator must not move during the build: ``torch.manual_seed``,
+  ``torch.seed``, ``torch.set_rng_state`` and a random draw on a real CPU tensor are
+  refused (with where the build called them), and the generator's state is compared
+  before and after as a last net. An explicit ``generator=`` is refused too.
+- A view that reinterprets the dtype (``buf.view(torch.int32).fill_(7)``) replays with its
+  own dtype over the same bytes.
+
+Documented, not checked: how much a random operation draws depends on the shape, not on
+input values (true of uniform_, normal_, bernoulli_ with a scalar p, randn, rand, randint,
+randperm and the redirected initialisers: what weight initialisers use).
 """
 
 from __future__ import annotations
@@ -40,12 +60,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ddl.worker.meta_redirects import NotReplayable, caller, redirected
+
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
-
-
-class NotReplayable(Exception):
-    """The build did something the recording cannot replay exactly."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,9 @@ class _Ref:
     dtype: torch.dtype
 
     def view_of(self, flat: torch.Tensor) -> torch.Tensor:
+        if flat.dtype != self.dtype:  # a view that reinterprets the storage's bytes
+            flat = torch.empty(0, dtype=self.dtype, device=flat.device).set_(
+                flat.untyped_storage())
         return flat.as_strided(self.size, self.stride, self.offset)
 
 
@@ -84,6 +105,7 @@ class Recording:
     _keep: list[torch.Tensor] = field(default_factory=list)  # keeps addresses unique
     _states: dict[int, torch.Tensor] = field(default_factory=dict)  # op index -> rng state
     _final_state: torch.Tensor | None = None
+    _unwritten: set[int] = field(default_factory=set)  # storages only an empty* made
 
     # --- recording -----------------------------------------------------------------
     def storage_of(self, tensor: torch.Tensor) -> int | None:
@@ -138,14 +160,54 @@ class Recording:
                 writes.add(ref.storage)
         if not writes:  # a view, a size query: nothing to replay
             return
+        if func.overloadpacket in _EMPTY_FACTORIES:
+            self._unwritten.update(ref.storage for _, ref in fresh)
+        else:
+            self._unwritten -= writes
         self.ops.append(_Op(func, ref_args, ref_kwargs, frozenset(reads), frozenset(writes),
                             tuple(fresh), torch.Tag.nondeterministic_seeded in func.tags))
+
+    def log_call(self, function: Callable, args: tuple, kwargs: dict,
+                 tensor: torch.Tensor) -> None:
+        """Log a whole Python initialiser call that writes ``tensor`` in place as one
+        random operation: replay runs ``function`` itself on the real tensor."""
+        ref = self.ref(tensor)
+        if ref is None:
+            raise NotReplayable(f"{function.__name__} writes a meta tensor made outside "
+                                "the build")
+
+        def to_ref(value):
+            if not isinstance(value, torch.Tensor):
+                return value
+            if value.device != _META:
+                return value.detach().clone()
+            inner = self.ref(value)
+            if inner is None:
+                raise NotReplayable(f"{function.__name__} reads a meta tensor made outside "
+                                    "the build")
+            return inner
+
+        ref_args, ref_kwargs = tree_map(to_ref, args), tree_map(to_ref, kwargs)
+        touched = frozenset(r.storage for r in tree_flatten((ref_args, ref_kwargs))[0]
+                            if isinstance(r, _Ref))
+        self._unwritten.discard(ref.storage)
+        # reads what it writes: a view may cover part of a storage others wrote before
+        self.ops.append(_Op(function, ref_args, ref_kwargs, touched, frozenset([ref.storage]),
+                            (), True))
+
+    def unwritten(self, model: torch.nn.Module) -> list[str]:
+        """Names of the model's parameters and buffers that only an ``empty*`` made."""
+        return [name for name, tensor in _named_tensors(model) if tensor.is_meta
+                and tensor.numel() > 0 and self.storage_of(tensor) in self._unwritten]
 
     # --- replaying -----------------------------------------------------------------
     def replay(self) -> None:
         """Walk the random operations once in build order, as a plain build would draw
         them, keeping the generator's state before each; afterwards the generator stands
-        where a plain build would have left it. Memory: one tensor at a time."""
+        where a plain build would have left it. Memory: one tensor at a time. ``record``
+        calls it when the build ends; later calls do nothing."""
+        if self._final_state is not None:
+            return
         generator = torch.default_generator
         seeded = [(index, op) for index, op in enumerate(self.ops) if op.seeded]
         # One scratch buffer for all of them, carved per operation: a fresh tensor per
@@ -171,14 +233,17 @@ class Recording:
             raise RuntimeError("Recording.value() before replay()")
         needed = self._closure(storage)
         generator = torch.default_generator
+        now = generator.get_state()  # draws since the build (if any) stay as they were
         buffers: dict[int, torch.Tensor] = {}
-        for index, op in enumerate(self.ops):
-            if not op.writes & needed:
-                continue
-            if op.seeded:
-                generator.set_state(self._states[index])
-            _run(op, buffers)
-        generator.set_state(self._final_state)
+        try:
+            for index, op in enumerate(self.ops):
+                if not op.writes & needed:
+                    continue
+                if op.seeded:
+                    generator.set_state(self._states[index])
+                _run(op, buffers)
+        finally:
+            generator.set_state(now)
         return buffers[storage]
 
     def _closure(self, storage: int) -> set[int]:
@@ -193,6 +258,17 @@ class Recording:
                 if s in op.writes:
                     todo.extend(op.reads - needed)
         return needed
+
+
+def _named_tensors(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(n, t) for n, t in [*model.named_parameters(remove_duplicate=False),
+                                *model.named_buffers(remove_duplicate=False)]
+            if t is not None]
+
+
+_EMPTY_FACTORIES = {torch.ops.aten.empty, torch.ops.aten.empty_strided,
+                    torch.ops.aten.empty_like, torch.ops.aten.new_empty,
+                    torch.ops.aten.new_empty_strided, torch.ops.aten.empty_permuted}
 
 
 def _aligned(nbytes: int) -> int:
@@ -239,12 +315,25 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if torch.Tag.nondeterministic_seeded in func.tags and kwargs.get("generator") is None \
+                and _draws_on_cpu(func, tensors, kwargs):
+            raise NotReplayable(f"{func.overloadpacket.__name__} draws on a real CPU tensor "
+                                f"during the build{caller()}")
         out = func(*args, **kwargs)
-        tensors = [t for t in tree_flatten((args, kwargs, out))[0]
-                   if isinstance(t, torch.Tensor)]
+        tensors += [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if any(t.device == _META for t in tensors):
             self.recording._log(func, args, kwargs, out)
         return out
+
+
+def _draws_on_cpu(func, tensors: list[torch.Tensor], kwargs: dict) -> bool:
+    """A random operation on the default CPU generator: it moves the stream a plain build
+    shares with the meta tensors' draws, at another point of it."""
+    if tensors:
+        return all(t.device == _CPU for t in tensors)
+    device = kwargs.get("device")  # a factory (randperm, rand): its device
+    return device is not None and torch.device(device) == _CPU
 
 
 class _Constants(TorchFunctionMode):
@@ -269,8 +358,31 @@ class _Constants(TorchFunctionMode):
 
 
 def record(build: Callable[[], torch.nn.Module]) -> tuple[torch.nn.Module, Recording]:
-    """Run ``build`` on the meta device, logging what it does (module docstring)."""
+    """Run ``build`` on the meta device, logging what it does, then walk its random
+    operations (``Recording.replay``). Raises NotReplayable for a build that could not be
+    replayed exactly (module docstring); the generator is then where it was."""
     recording = Recording()
-    with torch.device(_META), _Constants(), _Recorder(recording):
-        model = build()
+    generator = torch.default_generator
+    start = generator.get_state()
+    try:
+        with torch.device(_META), _Constants(), _Recorder(recording), redirected(recording):
+            model = build()
+        if not torch.equal(generator.get_state(), start):
+            raise NotReplayable("the default random generator moved during the build (a "
+                                "draw on a CPU tensor or a reseed that ddl cannot see)")
+        real = next(((n, t) for n, t in _named_tensors(model) if not t.is_meta), None)
+        if real is not None:  # to_empty would drop its values
+            raise NotReplayable(f"{real[0]} is a real {real[1].device.type} tensor made during "
+                                "the build, not on the meta device (torch.from_numpy, a "
+                                "device= argument, a loaded file?)")
+        unwritten = recording.unwritten(model)
+        if unwritten:
+            raise NotReplayable(f"{unwritten[0]} keeps the values of torch.empty: nothing in "
+                                "the build wrote it (an initialiser that skips meta tensors?)"
+                                + (f"; {len(unwritten) - 1} more" if len(unwritten) > 1
+                                   else ""))
+    except BaseException:
+        generator.set_state(start)
+        raise
+    recording.replay()
     return model, recording

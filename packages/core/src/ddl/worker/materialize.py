@@ -83,7 +83,6 @@ class Materializer:
     refs: dict[str, _Ref]
     device: torch.device
     weights: WeightsFile | None = None
-    _replayed: bool = False
     _cache: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
 
     def __call__(self, module: nn.Module) -> None:
@@ -103,9 +102,6 @@ class Materializer:
         ref = next((self.refs[n] for n in names if n in self.refs), None)
         if ref is None:
             raise RuntimeError(f"materialize: {names[0]} was not made by the recorded build")
-        if not self._replayed:  # walk the random stream once, on first need
-            self.recording.replay()
-            self._replayed = True
         if self._cache is None or self._cache[0] != ref.storage:
             self._cache = (ref.storage, self.recording.value(ref.storage))
         return ref.view_of(self._cache[1])

@@ -5,13 +5,16 @@ On meta: ``deferred_init.record`` runs the workload's ``build_model`` on the met
 logs it; the strategy shards or splits the meta model and calls the returned
 ``Materializer`` on what the rank keeps (ddl.worker.materialize). The values equal those a
 plain build draws with the same seed, so every layout starts from one process's weights.
-A build the recording cannot replay (a workload that reads values while building, or uses
-its own random generator) is built whole instead, with a one-line note.
+A build the recording cannot replay exactly (ddl.worker.deferred_init lists what it refuses:
+values read while building, its own random generator, a reseed, a draw on a CPU tensor, a
+tensor nothing wrote) is built whole instead, with one ``ddl: note:`` line naming the tensor
+or the place in the build and the reason.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Callable
+
 from torch import nn
 
 from ddl.contract.errors import UsageError
@@ -26,23 +29,33 @@ def build(workload: Workload, strategy: Strategy, run: StrategyContext, world: W
           ) -> tuple[nn.Module, materialize.Materializer | None]:
     weights = _weights(workload)
     if strategy.builds_on_meta(run):
-        try:
-            model, recording = deferred_init.record(workload.build_model)
-        except UsageError:  # the workload's own message (DataError too): as it is
-            raise
-        except Exception as exc:  # noqa: BLE001 - any failure: the plain build still works
+        recorded = record_or_reason(workload.build_model)
+        if isinstance(recorded, str):
             if world.rank == 0:
-                reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 print(f"ddl: note: {type(workload).__name__} cannot be built on the meta device "
-                      f"({reason[:160]}); every rank builds the whole model first",
-                      flush=True)
+                      f"({recorded}); every rank builds the whole model first", flush=True)
         else:
+            model, recording = recorded
             refs = materialize.refs_of(model, recording)
             return model, materialize.Materializer(recording, refs, world.device, weights)
     model = workload.build_model()
     if weights is not None:
         materialize.load_weights(model, weights)
     return model, None
+
+
+def record_or_reason(build: Callable[[], nn.Module]
+                     ) -> tuple[nn.Module, deferred_init.Recording] | str:
+    """The meta build and its recording, or why ddl builds the plain way instead (one
+    line: what the build did and where). A workload's own UsageError (DataError too)
+    passes as it is: the plain build would raise it as well."""
+    try:
+        return deferred_init.record(build)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure: the plain build still works
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return reason if len(reason) <= 200 else reason[:197] + "..."
 
 
 def _weights(workload: Workload) -> WeightsFile | None:
