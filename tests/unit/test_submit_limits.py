@@ -3,7 +3,8 @@ the partition's max_time and `--nodes` above its max_nodes are refused in one li
 (LUMI's dev-g allows 3 h and 32 nodes, small-g 3 days and 4 nodes [facts: sites.md]).
 
 Slurm's time forms (sbatch --time): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, and
-INFINITE/UNLIMITED; Slurm checks no field ranges (90:00 is 90 minutes).
+INFINITE/UNLIMITED; the first field is open (90:00 is 90 minutes), the clock fields after
+it are ranged (99:99:99 is refused: tests/unit/test_submit_sized.py).
 """
 
 import pytest

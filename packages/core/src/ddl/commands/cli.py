@@ -51,6 +51,22 @@ def _check_decodable(args: list[str]) -> None:
                              "(file names included)") from None
 
 
+#: An error line quotes the user's values; one this long is a paste or a runaway script,
+#: and the "one line" would be as long: it is cut (issue 52). Messages that quote a value on
+#: purpose cut it to about 40 characters themselves (ddl.launch.submit.shown).
+LONGEST_WORD, KEPT = 200, 40
+
+
+def bounded(message: str, longest: int = LONGEST_WORD, keep: int = KEPT) -> str:
+    """``message`` with every run of non-blank characters longer than ``longest`` cut to
+    its first ``keep`` characters and its length."""
+    def cut(word: str) -> str:
+        if len(word) <= longest:
+            return word
+        return f"{word[:keep]}...({len(word)} characters)"
+    return " ".join(cut(word) for word in message.split(" "))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = sys.argv[1:] if argv is None else argv
@@ -63,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return _command(ns.command)(ns)
     except DdlError as exc:
         if not (isinstance(exc, UsageError) and _is_secondary_task()):
-            print(f"ddl: error: {as_one_line(str(exc))}", file=sys.stderr)
+            print(f"ddl: error: {bounded(as_one_line(str(exc)))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("ddl: interrupted", file=sys.stderr)

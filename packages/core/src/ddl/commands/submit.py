@@ -37,9 +37,10 @@ def cmd_submit(ns: argparse.Namespace) -> int:
     check_path_lengths({"--container": ns.container, "--output-dir": ns.output_dir,
                         "--run-dir": config.run_dir, "--data-dir": config.data_dir,
                         "--resume": config.resume})
-    check_run(config, plugins, site, nodes=ns.nodes, partition=ns.partition,
-              gpus=ns.gpus_per_node, data_dir_given=not built.data_dir_is_default,
-              force=ns.force)
+    _one_line({"--ddl-command": ns.ddl_command, "--run-dir": config.run_dir})
+    notes = check_run(config, plugins, site, nodes=ns.nodes, partition=ns.partition,
+                      gpus=ns.gpus_per_node, data_dir_given=not built.data_dir_is_default,
+                      force=ns.force)
     if config.launcher in ("auto", "local") and not site.uses_slurm:
         raise UsageError(f"--site: {site.name} is not a Slurm site; allowed: "
                          + ", ".join(n for n in _slurm_sites(plugins)))
@@ -62,14 +63,17 @@ def cmd_submit(ns: argparse.Namespace) -> int:
         data_dir=absolute(Path(config.data_dir), "--data-dir") if config.data_dir else None)
     script = render(site, request)
     check_syntax(script, site)
+    notes += site_notes(site, request)
     if image is not None:  # the slow part (the runtime reads the image) comes last
-        note = check_target(site, image, config.device)
-        if note:
-            print(f"ddl: note: {as_one_line(note)}", file=sys.stderr)
-    elif not (ns.setup or ns.ddl_command) and config.device != "cpu":
-        warning = _own_torch_mismatch(site, request.ddl_command)
+        notes.append(check_target(site, image, config.device))
+    elif not (ns.setup or ns.ddl_command):
+        notes.append(_own_arch_mismatch(site, request.ddl_command))
+        warning = config.device != "cpu" and _own_torch_mismatch(site, request.ddl_command)
         if warning:
             print(f"ddl: warning: {warning}", file=sys.stderr)
+    for note in notes:
+        if note:
+            print(f"ddl: note: {as_one_line(note)}", file=sys.stderr)
     if ns.dry_run:
         print(script, end="")
         return 0
@@ -107,6 +111,54 @@ def _image(given: str | None, dry_run: bool) -> str | None:
         raise UsageError(f"--container: {given} does not exist; give the path of a built "
                          "image (`ddl container build`)")
     return given
+
+
+def _one_line(values: dict[str, object]) -> None:
+    """Values the job's command line carries: quoted safely, but a newline or control
+    character in a command or a directory name would fail the job after the queue wait."""
+    for flag, value in values.items():
+        if value is not None and not str(value).isprintable():
+            from ddl.launch.submit import shown
+
+            raise UsageError(f"{flag}: {shown(str(value))} holds a newline or control "
+                             "character; allowed: printable characters only")
+
+
+def site_notes(site, request) -> list[str]:
+    """What the site would do with this job that the user may not expect, one note each:
+    no account where its sbatch refuses a job without one (JSC); part of a node on a
+    partition that allocates and bills whole nodes (LUMI's standard-g)."""
+    import os
+
+    notes = []
+    accounted = (request.account or os.environ.get("SBATCH_ACCOUNT") or any(
+        opt.startswith(("--account=", "-A")) for opt in request.extra_sbatch))
+    if site.slurm.account_required and not accounted:
+        notes.append(f"no --account: {site.name}'s sbatch refuses a job without a compute "
+                     "project; add --account PROJECT (or set SBATCH_ACCOUNT, as `jutil env "
+                     "activate -p PROJECT` does on JSC systems)")
+    name, part = site.partition(request.partition)
+    gpus = request.gpus_per_node
+    if part.whole_nodes and gpus is not None and 0 < gpus < part.gpus_per_node:
+        notes.append(f"--gpus-per-node {gpus}: partition {name} of {site.name} allocates and "
+                     f"bills whole nodes, so the job pays for all {part.gpus_per_node} GPUs "
+                     f"of each node; use all {part.gpus_per_node}, or a partition that shares "
+                     "nodes" + (" (small-g)" if site.name == "lumi-g" else ""))
+    return notes
+
+
+def _own_arch_mismatch(site, ddl_command: str) -> str | None:
+    """Without --container or --setup the job runs this installation's ddl: one built for
+    this machine's CPU (ddl doctor's platform check), which may not be the nodes' (an
+    x86_64 venv submitting to CTE-POWER's ppc64le nodes)."""
+    from ddl.launch.environment import arch_mismatch, machine
+
+    why = arch_mismatch(site, machine())
+    if not why:
+        return None
+    return (f"no --container: the job runs {ddl_command} from this installation, and {why}; "
+            "give --container IMAGE (an image built for the nodes) or --setup lines that "
+            "activate an environment there")
 
 
 def _own_torch_mismatch(site, ddl_command: str) -> str | None:

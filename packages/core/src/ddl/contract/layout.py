@@ -147,3 +147,16 @@ def resolve(mesh: Mapping[str, int], world_size: int, *, strategy: str,
                              f"{getattr(layout, dim)}; allowed: at least {least} processes on "
                              f"{dim} (more processes, or smaller degrees elsewhere)")
     return layout
+
+
+def check_heads(heads: int, tp: int) -> None:
+    """Tensor parallel splits each attention layer's heads over the ``tp`` ranks of a group:
+    ``tp`` must divide ``heads``. One rule, two callers: a workload's
+    ``prepare_tensor_parallel`` on its model's real head count (in the job), and ``ddl
+    submit`` on the count a preset declares (``Preset.attention_heads``), before the queue
+    and without torch."""
+    if tp > 1 and heads % tp:
+        fitting = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise UsageError(f"--mesh: tp={tp}, but {heads} attention heads do not split over "
+                         f"{tp} ranks; allowed: tp dividing {heads} "
+                         f"({', '.join(map(str, fitting))})")

@@ -39,6 +39,10 @@ class Preset:
     #: The model's parameter count, where known without building it: lets checks that must
     #: not import torch (``ddl submit``'s memory check) size the model. None: unknown.
     parameters: int | None = None
+    #: The model's attention heads per layer (the count tensor parallel must divide), where
+    #: known without building it: ``ddl submit`` refuses a tp degree that does not divide
+    #: it before the queue (ddl.contract.layout.check_heads). None: checked in the job.
+    attention_heads: int | None = None
 
 
 def load_factory(path: str | Callable[..., Any]) -> Callable[..., Any]:

@@ -29,16 +29,12 @@ from ddl import __version__
 from ddl.launch import container_launch, site_env
 from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import shell_lines
+from ddl.launch.slurm_time import check_stop_margin, check_time, shown
+from ddl.launch.slurm_time import slurm_seconds  # noqa: F401 - where callers found it
 from ddl.settings import rundir
 from ddl.settings.sites import SiteProfile
 
 SAFE_SBATCH = re.compile(r"^[A-Za-z0-9._:/+@%=,-]+$")
-# Slurm's time forms (sbatch --time; parse_time.c time_str2secs): MM, MM:SS, HH:MM:SS,
-# D-HH, D-HH:MM, D-HH:MM:SS. Slurm checks no ranges (90:00 is 90 minutes); neither do we.
-SLURM_TIME = re.compile(r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-                        r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$")
-UNLIMITED = ("INFINITE", "UNLIMITED")
-TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
 # Well above the node count of any system with a profile here (the largest have some
 # thousand GPU nodes [K]): a typo of a count, refused before a script is written.
 MAX_NODES = 10_000
@@ -75,64 +71,27 @@ class SubmitRequest:
     tasks_per_node: int | None = None  # default: one per GPU requested (at least one)
 
 
+def _given(flag: str, value: str | None) -> str | None:
+    """An optional flag's value; an empty one is refused (it would silently mean the
+    default, or drop a value given earlier on the command line)."""
+    if value == "":
+        raise UsageError(f"{flag}: {value!r} is empty; allowed: a value, or leave the flag "
+                         "out for the default")
+    return value
+
+
+def _names_cpus(binding: str) -> bool:
+    return binding.partition(":")[0] in ("mask_cpu", "map_cpu")
+
+
 def _sbatch_value(flag: str, value: str, longest: int = 4096) -> str:
     if len(value) > longest:
         raise UsageError(f"{flag}: {value[:20]}... is {len(value)} characters long; allowed: "
                          f"at most {longest}")
     if not SAFE_SBATCH.match(value):
-        raise UsageError(f"{flag}: {value!r} cannot go into an #SBATCH line; allowed: "
+        raise UsageError(f"{flag}: {shown(value)} cannot go into an #SBATCH line; allowed: "
                          "letters, digits and . _ : / + @ % = , -")
     return value
-
-
-def slurm_seconds(value: str) -> int | None:
-    """A Slurm time in seconds; None for no limit (INFINITE, UNLIMITED, or 0 as sbatch
-    reads ``--time=0``). ValueError if it is not a Slurm time."""
-    if value.upper() in UNLIMITED:
-        return None
-    match = SLURM_TIME.match(value)
-    if not match:
-        raise ValueError(f"{value!r} is not a Slurm time; allowed: {TIME_FORMS}")
-    n = {k: int(v) if v else 0 for k, v in match.groupdict().items()}
-    if match["days"] is not None:
-        seconds = ((n["days"] * 24 + n["dh"]) * 60 + n["dm"]) * 60 + n["ds"]
-    elif match["c"] is not None:  # HH:MM:SS
-        seconds = (n["a"] * 60 + n["b"]) * 60 + n["c"]
-    else:  # MM or MM:SS
-        seconds = n["a"] * 60 + n["b"]
-    return seconds or None
-
-
-def _time(value: str, part_name: str, max_time: str | None, site: SiteProfile) -> str:
-    """``--time`` checked against the partition's limit (sbatch would refuse it, or the job
-    would wait in the queue for ever)."""
-    try:
-        wanted = slurm_seconds(value)
-    except ValueError as exc:
-        raise UsageError(f"--time: {exc}") from None
-    if not max_time:
-        return value
-    try:
-        limit = slurm_seconds(max_time)
-    except ValueError as exc:
-        raise UsageError(f"{site.source or site.name}: partitions.{part_name}.max_time: "
-                         f"{exc}") from None
-    if limit is not None and (wanted is None or wanted > limit):
-        raise UsageError(f"--time: partition {part_name} of {site.name} allows at most "
-                         f"{max_time} (got {value})")
-    return value
-
-
-def _stop_margin(margin_s: int, time: str) -> None:
-    """The margin must fall inside the time limit: one as long would stop the job (and
-    requeue it) at every start; a negative one is no time before the end."""
-    if margin_s < 0:
-        raise UsageError(f"--stop-margin: {margin_s}; allowed: seconds >= 0 (0 = off)")
-    limit = slurm_seconds(time)
-    if margin_s and limit is not None and margin_s >= limit:
-        raise UsageError(f"--stop-margin: {margin_s} s is not shorter than --time {time} "
-                         f"({limit} s): the job would stop at once and requeue for ever; "
-                         f"allowed: 0 (off) to {limit - 1}")
 
 
 def _setup_lines(lines: list[str]) -> list[str]:
@@ -140,7 +99,7 @@ def _setup_lines(lines: list[str]) -> list[str]:
     and valid bash together (a block may span several --setup values)."""
     for line in lines:
         if re.search(r"[\x00-\x08\x0a-\x1f\x7f]", line):
-            raise UsageError(f"--setup: {line!r} holds a newline or control character; "
+            raise UsageError(f"--setup: {shown(line)} holds a newline or control character; "
                              "allowed: one shell line per --setup (repeat the flag)")
     if not lines:
         return lines
@@ -171,7 +130,7 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     if not site.uses_slurm:
         raise UsageError(f"--site: {site.name} is not a Slurm site (launcher 'local'); "
                          "use `ddl train` there")
-    part_name, part = site.partition(req.partition)
+    part_name, part = site.partition(_given("--partition", req.partition))
     if req.nodes > MAX_NODES:
         raise UsageError(f"--nodes: {req.nodes} is more than any system ddl knows has; "
                          f"allowed: 1 to {MAX_NODES} (and the partition's limit)")
@@ -185,29 +144,34 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     procs = req.tasks_per_node or max(gpus, 1)
     per_node_launcher = req.launcher in ("torchrun", "torchrun_jsc")
     tasks = 1 if per_node_launcher else procs
-    cpus_per_task = part.cpus_per_node if per_node_launcher else part.cpus_per_node // procs
-    job_name = _sbatch_value("--job-name", req.job_name or f"ddl-{req.plugin}-{req.strategy}",
-                             NAME_LONGEST)
+    # The CPUs that go with the GPUs asked for (the node's CPUs per GPU), not the node's: on
+    # a shared partition a 2-GPU job asking for the whole node's CPUs is billed as the node
+    # and blocks its other GPUs (issue 52).
+    cpus_per_task = max(part.cpus_for(gpus) // tasks, 1)
+    partial = 0 < gpus < part.gpus_per_node  # part of a node's GPUs
+    job_name = _sbatch_value("--job-name", _given("--job-name", req.job_name)
+                             or f"ddl-{req.plugin}-{req.strategy}", NAME_LONGEST)
     out_dir = _sbatch_value("--output-dir", str(req.output_dir))
 
     sb = [f"--job-name={job_name}"]
-    if req.account:
+    if _given("--account", req.account):
         sb.append(f"--account={_sbatch_value('--account', req.account, NAME_LONGEST)}")
-    sb.append(f"--partition={_sbatch_value('--partition', part_name, NAME_LONGEST)}")
+    if not part.placeholder:  # a stand-in name would send the job to a partition not there
+        sb.append(f"--partition={_sbatch_value('--partition', part_name, NAME_LONGEST)}")
     sb += [f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}", f"--cpus-per-task={cpus_per_task}"]
     if gpus and site.slurm.gpu_request == "gres":
         sb.append(f"--gres=gpu:{gpus}")
     elif gpus and site.slurm.gpu_request == "gpus-per-node":
         sb.append(f"--gpus-per-node={gpus}")
-    if per_node_launcher and site.slurm.mem:
+    if per_node_launcher and site.slurm.mem and not (partial and site.slurm.mem_per_gpu):
         sb.append(f"--mem={site.slurm.mem}")
-    elif not per_node_launcher and site.slurm.mem_per_gpu and gpus:
-        sb.append(f"--mem-per-gpu={site.slurm.mem_per_gpu}")
+    elif site.slurm.mem_per_gpu and gpus and (partial or not per_node_launcher):
+        sb.append(f"--mem-per-gpu={site.slurm.mem_per_gpu}")  # a node's memory for its GPUs
     elif site.slurm.mem:
         sb.append(f"--mem={site.slurm.mem}")
     # Short by default (the partition max may be days), but never above the partition's.
-    time = _time(req.time or "01:00:00", part_name, part.max_time, site)
-    _stop_margin(req.stop_margin_s, time)
+    time = check_time(_given("--time", req.time) or "01:00:00", part_name, part.max_time, site)
+    check_stop_margin(req.stop_margin_s, time)
     sb.append(f"--time={time}")
     sb.append(f"--output={out_dir}/%x-%j.out")
     if req.stop_margin_s:
@@ -221,6 +185,18 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     lines = ["#!/bin/bash",
              f"# Rendered by ddl {__version__} for site {site.name}: {site.description}",
              f"# Launch style: {_style_note(req.launcher, procs)}"]
+    if part.placeholder:
+        lines.append(f"# No --partition: {part_name!r} is the profile's stand-in (the site's "
+                     "name is not known); Slurm's default partition takes the job "
+                     "(--sbatch=--partition=NAME to choose one)")
+    bind_masks = not (partial and not part.whole_nodes and not site.slurm.exclusive)
+    if not bind_masks and _names_cpus(site.cpu_binding.srun):
+        # The site's masks map GCD i to the cores next to it on a node the job has whole
+        # (LUMI documents binding for full-node allocations only). On part of a shared
+        # node Slurm hands out any free GPUs and cores: Slurm's own placement instead.
+        lines.append(f"# {gpus} of {part.gpus_per_node} GPUs on {part_name}, a shared "
+                     "partition: the site's per-GPU CPU masks are for whole nodes, so "
+                     "tasks are not bound to them")
     if site.setup or req.setup:
         # File-wide (before the first command): setup lines source files that exist only on
         # the cluster, which shellcheck cannot follow.
@@ -252,7 +228,8 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     # Under a per-node launcher srun would bind only the launcher, and all its workers with
     # it: the workers bind themselves instead (worker_cores). One failed rank (or node)
     # ends the step at once instead of leaving the others waiting out their timeouts.
-    cpu_bind = "none" if per_node_launcher else site_env.srun_binding(site, gpus)
+    cpu_bind = ("none" if per_node_launcher or not bind_masks
+                else site_env.srun_binding(site, gpus))
     srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={cpu_bind}",
             "--kill-on-bad-exit=1"]
     if req.container is not None:  # "" = the site's default image

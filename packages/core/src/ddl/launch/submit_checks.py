@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddl.contract.errors import UsageError
-from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, resolve
+from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, check_heads, resolve
 from ddl.launch import memory_fit
 from ddl.settings.config import RunConfig, check_names, preset_name
 from ddl.settings import rundir
@@ -32,17 +32,20 @@ def processes_per_node(site: SiteProfile, partition: str | None, gpus: int | Non
 
 def check_run(config: RunConfig, plugins, site: SiteProfile, *, nodes: int,
               partition: str | None, gpus: int | None, data_dir_given: bool,
-              force: bool = False) -> None:
+              force: bool = False) -> list[str]:
     """Every check; the first mistake raises UsageError (one line). ``force``: submit a
-    layout predicted not to fit anyway (``--force``)."""
+    layout predicted not to fit anyway (``--force``). Returns notes worth a line (a layout
+    that runs, but not as well as it could)."""
     check_names(config, plugins)  # plugin, strategy, preset
     _strategy_options(config, plugins)
     _gpus(site, config.device, gpus)
-    world = nodes * processes_per_node(site, partition, gpus)
+    per_node = processes_per_node(site, partition, gpus)
+    world = nodes * per_node
     _mesh(config, world)
+    spec = plugins.workload(config.plugin)
+    name = preset_name(config, spec)
+    notes = _tensor_parallel(config, spec.presets[name], world, per_node)
     if not force:
-        spec = plugins.workload(config.plugin)
-        name = preset_name(config, spec)
         memory_fit.check(config, spec.presets[name], name, site, world)
     if data_dir_given:  # the default ./data: the job may be submitted from anywhere
         _path_here(Path(config.data_dir or "data"), "--data-dir",
@@ -51,6 +54,36 @@ def check_run(config: RunConfig, plugins, site: SiteProfile, *, nodes: int,
     if config.resume not in ("none", "auto"):
         _path_here(Path(config.resume), "--resume",
                    "allowed: none, auto, or the path of a checkpoint or a run directory")
+    return notes
+
+
+def tp_degree(config: RunConfig, world: int) -> int | None:
+    """The tensor-parallel degree the job will run, where it is known without the
+    strategy's own rules (torch): named in --mesh, or --strategy tp (tp over the whole
+    world). None: another layout; the job's pre-flight checks it."""
+    if "tp" in config.mesh:
+        return config.mesh["tp"]
+    if config.strategy == "tp":
+        return world
+    return None
+
+
+def _tensor_parallel(config: RunConfig, preset, world: int, per_node: int) -> list[str]:
+    """tp must divide the model's attention heads (ddl.contract.layout.check_heads: the
+    rule the workload applies in the job, here on the count the preset declares, so the
+    mistake costs no queue wait); a tp group wider than a node is allowed, but said."""
+    tp = tp_degree(config, world)
+    if not tp or tp < 2:
+        return []
+    heads = getattr(preset, "attention_heads", None)
+    if heads:
+        check_heads(heads, tp)
+    if per_node % tp == 0:  # tp ranks are neighbours: each group inside one node
+        return []
+    return [f"tp={tp}: tensor-parallel groups span nodes ({per_node} GPUs per node), so every "
+            "layer's all-reduces cross the network instead of the node's links; allowed, but "
+            f"a tp dividing {per_node} keeps them inside a node, with the rest on dp or pp "
+            "(`ddl layout --mesh ... --nodes N` shows which rank holds what)"]
 
 
 def check_path_lengths(paths: dict[str, Path | str | None]) -> None:

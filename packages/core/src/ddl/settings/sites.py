@@ -54,6 +54,21 @@ class Partition(_Strict):
     max_nodes: int | None = Field(None, ge=1)
     max_time: str | None = Field(None, description="wall-clock limit, Slurm format")
     dev: bool = Field(False, description="a small, quick-start development partition")
+    whole_nodes: bool = Field(False, description="the site allocates and bills whole nodes "
+                              "here (LUMI's standard-g): a job asking for fewer GPUs still "
+                              "gets, and pays for, all of the node")
+    placeholder: bool = Field(False, description="the name is ddl's stand-in: the site's "
+                              "real partition name is not known. `ddl submit` writes no "
+                              "--partition line (Slurm's default partition takes the job); "
+                              "give the real one with --sbatch=--partition=NAME")
+
+    def cpus_for(self, gpus: int) -> int:
+        """CPUs that go with ``gpus`` of this node's GPUs: the node's CPUs per GPU times
+        ``gpus`` (LUMI: 7 per GCD; CTE-POWER: 40 per V100), the whole node for all of its
+        GPUs or none (a CPU-only job)."""
+        if not gpus or not self.gpus_per_node or gpus >= self.gpus_per_node:
+            return self.cpus_per_node
+        return max(self.cpus_per_node * gpus // self.gpus_per_node, 1)
 
 
 class Rendezvous(_Strict):
@@ -86,6 +101,9 @@ class Slurm(_Strict):
     mem_per_gpu: str | None = Field(None, pattern=SBATCH_WORD,
                                     description="--mem-per-gpu for srun-style jobs")
     exclusive: bool = False
+    account_required: bool = Field(False, description="the site's sbatch refuses a job "
+                                   "without --account (JSC): `ddl submit` says so when none "
+                                   "is given")
     extra: list[Annotated[str, Field(pattern=SBATCH_WORD)]] = Field(
         default_factory=list, description="more #SBATCH options")
 
@@ -230,7 +248,8 @@ class SiteProfile(_Strict):
     def partition(self, name: str | None) -> tuple[str, Partition]:
         chosen = name or self.default_partition
         if chosen not in self.partitions:
-            raise UsageError(f"--partition: {self.name} has no partition {chosen!r}; allowed: "
+            shown = repr(chosen) if len(str(chosen)) <= 40 else f"{chosen[:40]!r}..."
+            raise UsageError(f"--partition: {self.name} has no partition {shown}; allowed: "
                              f"{', '.join(self.partitions) or 'none (not a Slurm site)'}")
         return chosen, self.partitions[chosen]
 
@@ -304,7 +323,8 @@ def resolve_name(name: str, plugins=None) -> str:
     if name in short:
         return short[name]
     allowed = sorted([*files, *(f"{a} (= {p})" for a, p in short.items())])
-    raise UsageError(f"--site: unknown site {name!r}; allowed: {', '.join(allowed)}")
+    shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}..."
+    raise UsageError(f"--site: unknown site {shown}; allowed: {', '.join(allowed)}")
 
 
 def get_site(name: str, plugins=None) -> SiteProfile:

@@ -331,13 +331,11 @@ class XsumWorkload(Workload):
         with ``n_heads`` and ``inner_dim``, so both become per-rank counts."""
         from transformers.models.t5.modeling_t5 import T5Attention
 
+        from ddl.contract.layout import check_heads
+
         for module in model.modules():
             if isinstance(module, T5Attention):
-                if module.n_heads % tp_degree:
-                    from ddl.contract.errors import UsageError
-                    raise UsageError(f"--mesh: tp={tp_degree}, but {module.n_heads} attention "
-                                     f"heads do not split over {tp_degree} ranks; allowed: tp "
-                                     f"dividing {module.n_heads}")
+                check_heads(module.n_heads, tp_degree)  # the rule `ddl submit` applies too
                 module.n_heads //= tp_degree
                 module.inner_dim //= tp_degree
 
