@@ -19,7 +19,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (argparse prints usage plus the error)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        # argparse quotes the bad value whole ("invalid int value: 'xxx...'"): cut a long
+        # one to 40 characters, as ddl's own messages do (issue 52).
+        from ddl.commands.cli import bounded
+
+        raise UsageError(f"{bounded(message, longest=60)} (see `{self.prog} --help`)")
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -189,7 +193,7 @@ def make_parser() -> argparse.ArgumentParser:
     submit.add_argument("--time", help="wall-clock limit (default: 01:00:00)")
     submit.add_argument("--gpus-per-node", type=int, help="default: all of the partition's")
     submit.add_argument("--job-name", help="default: ddl-<plugin>-<strategy>")
-    submit.add_argument("--output-dir", type=Path, default=Path("runs"),
+    submit.add_argument("--output-dir", type=_directory, default=Path("runs"),
                         help="job log and run directory go here (default: ./runs)")
     submit.add_argument("--container", nargs="?", const="", metavar="IMAGE",
                         help="run ddl in this Apptainer/Singularity image (alone: the site "
