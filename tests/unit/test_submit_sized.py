@@ -116,6 +116,28 @@ def test_part_of_a_standard_g_node_is_bound_and_told_it_pays_for_the_node(capsys
                    "all 8, or a partition that shares nodes (small-g)"]
 
 
+def test_workers_under_torchrun_on_part_of_a_node_stay_unbound(monkeypatch, capsys):
+    """Under a per-node launcher the workers bind themselves to the site's per-GCD cores
+    (worker_cores); a job holding other cores (small-g) leaves them unbound, one note."""
+    import os
+
+    from ddl.settings.sites import get_site
+    from ddl.worker.entry import bind_worker_cpus
+
+    calls = []
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8, 22)))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append(cpus))
+    site = get_site("lumi-g")
+    assert bind_worker_cpus(site, 0, True) is False
+    assert bind_worker_cpus(site, 1, True) is False
+    assert calls == []
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["ddl: note: site lumi-g's per-GPU cores are for a whole node; this job "
+                   "holds CPUs 8-21: workers left unbound"]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))  # whole node
+    assert bind_worker_cpus(site, 4, True) is True and calls == [[1, 2, 3, 4, 5, 6, 7]]
+
+
 # --- 3. tp against the model's heads -----------------------------------------------------
 
 XSUM_TINY = ["--plugin", "xsum", "--preset", "tiny"]  # 4 heads

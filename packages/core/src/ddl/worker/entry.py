@@ -187,6 +187,16 @@ def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> bool:
     if local_rank >= len(cores):
         raise DdlError(f"site {site.name} lists CPU cores for {len(cores)} devices, but this "
                        f"is local rank {local_rank}")
+    # The lists map GPU i to the cores next to it on a node the job has whole. On part of
+    # a shared node (LUMI's small-g) the job holds other cores (srun --cpu-bind=none left
+    # the launcher all of them): binding there would fail or land off the job's cores.
+    held = os.sched_getaffinity(0)
+    if not set(cores[local_rank]) <= held:
+        if local_rank == 0:
+            print(f"ddl: note: site {site.name}'s per-GPU cores are for a whole node; this "
+                  f"job holds CPUs {cpu_binding.ranges(held)}: workers left unbound",
+                  file=sys.stderr, flush=True)
+        return False
     os.sched_setaffinity(0, cores[local_rank])
     return True
 
