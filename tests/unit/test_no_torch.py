@@ -25,6 +25,9 @@ sys.exit(code or 0)
     ["--help"], ["plugins"], ["sites"], ["sites", "show", "lumi-g"], ["train", "--help"],
     ["prepare", "--help"], ["check-plugin", "--help"], ["submit", "--help"], ["watch", "--help"], ["layout", "--mesh", "pp=2,tp=2,dp_shard=2"],
     ["submit", "--site", "juwels-booster", "--nodes", "2", "--dry-run", "--plugin", "mnist"],
+    # the tensor-parallel check against the model's heads (issue 52) reads the preset
+    ["submit", "--site", "juwels-booster", "--nodes", "2", "--dry-run", "--plugin", "xsum",
+     "--preset", "tiny", "--mesh", "tp=4"],
 ])
 def test_command_does_not_import_torch(args):
     proc = subprocess.run([sys.executable, "-c", PROBE.format(args=args)],
