@@ -138,6 +138,86 @@ def test_synthetic_writer_refuses_real_data_and_leaves_no_temporaries(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [data.BASE_FOLDER]
 
 
+# --- issue 52: a data file that would run code, an md5 list that is not text -------------
+
+
+class _CreatesFile:
+    """Unpickled by a plain pickle.load, this opens (creates) ``path``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _plant(cifar_root, name, blob):
+    """Replace batch ``name`` and put its md5 into synthetic.md5, as an attacker who can
+    write the data directory can."""
+    import hashlib
+
+    base = data.cifar_dir(cifar_root)
+    (base / name).write_bytes(blob)
+    lines = [f"{hashlib.md5(blob).hexdigest()}  {name}" if line.endswith(f"  {name}") else line
+             for line in (base / data.MANIFEST).read_text().splitlines()]
+    (base / data.MANIFEST).write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("name, train", [("data_batch_2", True), ("test_batch", False),
+                                         ("batches.meta", False)])
+def test_a_batch_whose_pickle_would_create_a_file_creates_none(cifar_copy, tmp_path, name,
+                                                                train):
+    from ddl_cifar.dataset import open_split
+
+    made = tmp_path / "created-by-the-data"
+    _plant(cifar_copy, name, pickle.dumps({"data": _CreatesFile(made), "labels": []},
+                                          protocol=2))
+    data.check_files(cifar_copy)  # the md5s match: only the reader can stop it
+    with pytest.raises(DataError) as caught:
+        open_split(cifar_copy, train=train)
+    assert not made.exists()
+    message = str(caught.value)
+    assert "\n" not in message and f"corrupt file {data.cifar_dir(cifar_copy) / name}" in message
+    assert "its pickle asks for io.open" in message and "nothing was run" in message
+    assert "allowed: dict, list, str, bytes, int and numpy arrays" in message
+
+
+def test_a_batch_of_the_wrong_shape_is_one_line(cifar_copy):
+    from ddl_cifar.dataset import open_split
+
+    _plant(cifar_copy, "data_batch_1", pickle.dumps(
+        {"data": np.zeros((2, 5), np.uint8), "labels": [0, 1]}, protocol=2))
+    with pytest.raises(DataError, match="data_batch_1: 'data' is not a uint8 array of 3072"):
+        open_split(cifar_copy, train=True)
+
+
+def test_real_layout_batches_read_as_torchvision_reads_them(synthetic_cifar):
+    """The allow-listing reader gives what torchvision's plain pickle.load gives."""
+    from torchvision.datasets import CIFAR10
+
+    from ddl_cifar.dataset import open_split
+
+    sums = data.read_manifest(synthetic_cifar)
+
+    class Plain(CIFAR10):  # torchvision's own reading, the set's md5s
+        train_list = [[name, sums[name]] for name in data.TRAIN_FILES]
+        test_list = [[data.TEST_FILE, sums[data.TEST_FILE]]]
+        meta = {**CIFAR10.meta, "md5": sums[data.META_FILE]}
+
+    ours, plain = open_split(synthetic_cifar, train=True), Plain(str(synthetic_cifar))
+    np.testing.assert_array_equal(ours.data, plain.data)
+    assert ours.targets == plain.targets and ours.classes == plain.classes
+
+
+def test_a_non_utf8_byte_in_the_md5_list_is_one_line(cifar_copy):
+    path = data.cifar_dir(cifar_copy) / data.MANIFEST
+    path.write_bytes(path.read_bytes().replace(b"  data_batch_1", b"  data_batch_\xff1"))
+    with pytest.raises(DataError) as caught:
+        data.check_files(cifar_copy)
+    assert f"corrupt file {path}: byte 0xff" in str(caught.value)
+    assert "\n" not in str(caught.value) and "ddl prepare --plugin cifar" in str(caught.value)
+
+
 # --- through the real CLI ----------------------------------------------------------------
 
 

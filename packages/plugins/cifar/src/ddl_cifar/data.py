@@ -29,6 +29,8 @@ Both writers build the new directory in a temporary sibling and rename it into p
 
 from __future__ import annotations
 
+import functools
+import pickle
 import shutil
 from pathlib import Path
 
@@ -85,10 +87,14 @@ def read_manifest(data_dir: Path) -> dict[str, str]:
     """The md5 sums a synthetic set was written with (DataError if unusable)."""
     path = cifar_dir(data_dir) / MANIFEST
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("ascii")  # md5sum lines: hex digits and file names
     except OSError as e:
         raise DataError(f"cannot read {path} (the synthetic set's md5 list): "
                         f"{e.strerror or e}; {fix_hint(data_dir)}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"corrupt file {path}: byte {e.object[e.start]:#04x} at offset "
+                        f"{e.start} is not text (an md5 list holds ASCII lines); "
+                        f"{fix_hint(data_dir)}") from None
     sums = datafiles.parse_md5_manifest(text)
     missing = [name for name in ALL_FILES if name not in sums]
     if missing:
@@ -98,6 +104,98 @@ def read_manifest(data_dir: Path) -> dict[str, str]:
 
 def expected_md5(data_dir: Path) -> dict[str, str]:
     return read_manifest(data_dir) if is_synthetic(data_dir) else dict(OFFICIAL_MD5)
+
+
+# ---------------------------------------------------------------------------
+# Reading batches: a pickle that can build only what the format holds
+# ---------------------------------------------------------------------------
+#
+# A pickle may name any importable function and call it while it loads (os.system, open).
+# torchvision reads CIFAR batches with a plain pickle.load, and for a synthetic set the md5
+# list sits beside the data, so whoever can write the data directory could run code in
+# every rank. The official files (and ddl's synthetic ones) hold a dict of str/bytes keys,
+# lists of ints and of str/bytes, ints, and numpy arrays, which pickle rebuilds through three
+# globals: numpy's array reconstructor (under its classic name numpy.core.multiarray, or
+# numpy._core.multiarray as numpy 2 writes it), numpy.ndarray and numpy.dtype; a batch
+# re-pickled by Python 3 at protocol 2 also spells its bytes as _codecs.encode(text,
+# "latin1"). Nothing else is admitted, and the result must have the format's shape.
+
+ALLOWED_CONTENT = "dict, list, str, bytes, int and numpy arrays"
+
+
+@functools.cache
+def _globals() -> dict[tuple[str, str], object]:
+    import _codecs
+
+    import numpy as np
+
+    reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]  # numpy's own, under either name
+    return {("_codecs", "encode"): _codecs.encode,
+            ("numpy.core.multiarray", "_reconstruct"): reconstruct,
+            ("numpy._core.multiarray", "_reconstruct"): reconstruct,
+            ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+
+
+class _Refused(Exception):
+    """A global the format does not hold (nothing was called)."""
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR-10 batch, refusing every global but numpy's array pieces."""
+
+    def find_class(self, module: str, name: str):
+        found = _globals().get((module, name))
+        if found is None:
+            raise _Refused(f"{module}.{name}"[:80])
+        return found
+
+
+def _unpickle(path: Path, data_dir: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            entry = BatchUnpickler(f, encoding="latin1").load()  # torchvision's encoding
+    except _Refused as e:
+        raise DataError(f"corrupt file {path}: its pickle asks for {e}, which a CIFAR-10 "
+                        f"batch does not hold (nothing was run); allowed: {ALLOWED_CONTENT}; "
+                        f"{fix_hint(data_dir)}") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror or e}; {fix_hint(data_dir)}") \
+            from None
+    except Exception as e:  # UnpicklingError, EOFError, a bad array state, ...
+        raise DataError(f"corrupt file {path}: not a CIFAR-10 batch "
+                        f"({type(e).__name__}: {str(e)[:80]}); {fix_hint(data_dir)}") from None
+    if not isinstance(entry, dict):
+        raise DataError(f"corrupt file {path}: holds a {type(entry).__name__}, not the dict "
+                        f"of a CIFAR-10 batch; {fix_hint(data_dir)}")
+    return entry
+
+
+def load_batch(path: Path, data_dir: Path) -> tuple:
+    """(rows, labels) of one batch file: uint8 [N, 3072] and N ints 0..9 (DataError, one
+    line naming the file, for anything else)."""
+    import numpy as np
+
+    entry = _unpickle(path, data_dir)
+    rows, labels = entry.get("data"), entry.get("labels")
+    if not (isinstance(rows, np.ndarray) and rows.dtype == np.uint8 and rows.ndim == 2
+            and rows.shape[1] == 3 * SIDE * SIDE):
+        raise DataError(f"corrupt file {path}: 'data' is not a uint8 array of "
+                        f"{3 * SIDE * SIDE} columns; {fix_hint(data_dir)}")
+    if not (isinstance(labels, list) and len(labels) == len(rows)
+            and all(type(v) is int and 0 <= v < 10 for v in labels)):
+        raise DataError(f"corrupt file {path}: 'labels' is not a list of {len(rows)} "
+                        f"ints 0..9; {fix_hint(data_dir)}")
+    return rows, labels
+
+
+def load_label_names(path: Path, data_dir: Path) -> list[str]:
+    """``label_names`` of batches.meta: ten names."""
+    names = _unpickle(path, data_dir).get("label_names")
+    if not (isinstance(names, list) and len(names) == 10
+            and all(isinstance(n, str) for n in names)):
+        raise DataError(f"corrupt file {path}: 'label_names' is not a list of 10 names; "
+                        f"{fix_hint(data_dir)}")
+    return names
 
 
 # ---------------------------------------------------------------------------
@@ -165,7 +263,9 @@ def download(data_dir: Path) -> Path:
 
     from http.client import HTTPException
 
-    from torchvision.datasets import CIFAR10  # slow import, only needed here
+    # slow import, only needed here; the archive alone: CIFAR10(download=True) would also
+    # unpickle the batches with a plain pickle.load (they are read by load_batch instead)
+    from torchvision.datasets.utils import download_and_extract_archive
 
     # A fixed name, not a scratch directory: the tarball in it survives an interrupted run.
     staging = data_dir / ".cifar-10-download"
@@ -174,7 +274,8 @@ def download(data_dir: Path) -> Path:
         if (staging / BASE_FOLDER).exists():  # a half-extracted earlier attempt
             shutil.rmtree(staging / BASE_FOLDER)
         with datafiles.quiet_download(_DOWNLOAD_TIMEOUT_S):
-            CIFAR10(root=str(staging), train=True, download=True)
+            download_and_extract_archive(TARBALL_URL, str(staging),
+                                         filename="cifar-10-python.tar.gz", md5=TARBALL_MD5)
         check_files(staging)
         datafiles.install(cifar_dir(staging), target)
         done = True
