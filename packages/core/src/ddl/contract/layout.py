@@ -156,7 +156,8 @@ def check_heads(heads: int, tp: int) -> None:
     submit`` on the count a preset declares (``Preset.attention_heads``), before the queue
     and without torch."""
     if tp > 1 and heads % tp:
-        fitting = [d for d in range(1, heads + 1) if heads % d == 0]
+        fitting = ([d for d in range(1, heads + 1) if heads % d == 0] if heads <= 4096
+                   else [])  # listed where short to work out (real models: a few dozen)
+        listed = f" ({', '.join(map(str, fitting))})" if fitting else ""
         raise UsageError(f"--mesh: tp={tp}, but {heads} attention heads do not split over "
-                         f"{tp} ranks; allowed: tp dividing {heads} "
-                         f"({', '.join(map(str, fitting))})")
+                         f"{tp} ranks; allowed: tp dividing {heads}{listed}")
