@@ -5,10 +5,13 @@ train`` sets them itself inside a job (:func:`in_job`), so that a run started by
 hand-written ``srun ... ddl train --site lumi`` (or ``srun singularity run IMG train``)
 gets the same NCCL/RCCL and MIOpen settings as a submitted one.
 
-The profile describes a whole node. A job that asks for fewer GPUs (``--gpus-per-node 2``,
-LUMI's small-g) gets the first that many entries of the device lists and of the srun CPU
-masks: exporting all four of JSC's devices to a two-GPU job hands torch devices it may not
-use, and eight masks for two tasks bind cores of GPUs the job does not have.
+The profile describes a whole node. A job that asks for fewer GPUs (``--gpus-per-node 2``)
+gets the first that many entries of the device lists and of the srun CPU masks: exporting
+all four of JSC's devices to a two-GPU job hands torch devices it may not use, and eight
+masks for two tasks bind cores of GPUs the job does not have. Masks are used at all only
+where the job has the whole node (``ddl submit`` passes ``--cpu-bind=none`` on part of a
+shared node, LUMI's small-g: the masks of GCDs 0..k-1 name cores Slurm may have given
+another job; ddl.launch.submit).
 """
 
 from __future__ import annotations
