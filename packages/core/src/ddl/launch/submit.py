@@ -12,8 +12,15 @@ rejected with one line. The one exception is ``--setup LINE``: those lines are t
 own shell (``source .../activate.sh``), written as given; they must be one line each and
 pass ``bash -n``.
 
-Checked here, before anything reaches sbatch: the partition's node and time limits, so a
-job the site would refuse (or only reject after queueing) fails at once in one line.
+Sized as the site bills it: a job with part of a node asks for the CPUs (and memory) of
+the GPUs it asks for, the node's CPUs per GPU each, not the node's; the site's per-GPU CPU
+masks bind only a job that has the whole node (LUMI documents them for full-node
+allocations); a partition whose name the profile only stands in for gets no --partition
+line.
+
+Checked here, before anything reaches sbatch: the partition's node and time limits
+(ddl.launch.slurm_time), empty values, so a job the site would refuse (or only reject
+after queueing) fails at once in one line.
 """
 
 from __future__ import annotations
