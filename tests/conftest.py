@@ -221,7 +221,8 @@ def synthetic_imagewoof(tmp_path_factory) -> Path:
     return written_once(tmp_path_factory, "imagewoof", synthetic.write_synthetic)
 
 
-def assert_same_weights(got: dict, want: dict, *, adam: bool = False) -> None:
+def assert_same_weights(got: dict, want: dict, *, adam: bool = False,
+                        noise: dict | None = None) -> None:
     """Parameters equal to 1e-5 relative, as the equivalence tests ask: the conformance
     kit's rules (ddl.conformance.tolerance, one definition for ddl's tests and plugin
     authors' kit runs): element by element for SGD-trained models (mnist, cifar), per
@@ -230,7 +231,7 @@ def assert_same_weights(got: dict, want: dict, *, adam: bool = False) -> None:
     measured)."""
     from ddl.conformance import assert_same_weights as kit_rule
 
-    kit_rule(got, want, adam=adam)  # one definition: the conformance kit's (ddl.conformance)
+    kit_rule(got, want, adam=adam, noise=noise)  # one definition: the conformance kit's (ddl.conformance)
 
 
 @pytest.fixture(scope="session")

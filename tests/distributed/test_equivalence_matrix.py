@@ -25,7 +25,7 @@ pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, 
 gradients ended 1.1e-6 to 6e-6 from one process (over the 1e-6 floor; a ReLU or max-pool
 switch in step 3 can multiply it by 5), at 1e-3 2e-7, while the stem still moves by 3 %.
 
-Cost: 35 runs and 6 references; see docs/testing.md for the times before (one `ddl train`
+Cost: 35 runs, 6 references and 4 noise references; see docs/testing.md for the times before (one `ddl train`
 per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
 """
 
@@ -58,6 +58,10 @@ class Setup:
     batch: int  # global
     extra: tuple[str, ...] = ()
     adam: bool = False  # AdamW-trained: see conftest.assert_same_weights
+    # 4 micro-batches of a quarter of the batch are the same computation in another
+    # summation order: the noise reference (ddl.conformance.tolerance). Not with
+    # --sync-bn, whose one process normalises over the whole batch: quarters differ.
+    noise: bool = True
 
     def args(self) -> list[str]:
         return ["--plugin", self.workload, "--preset", self.preset,
@@ -66,9 +70,10 @@ class Setup:
 
 SETUPS = {
     "mnist": Setup("mnist", "tiny", 64),
-    "cifar": Setup("cifar", "tiny", 32, ("--sync-bn", "--lr", "0.01")),
+    "cifar": Setup("cifar", "tiny", 32, ("--sync-bn", "--lr", "0.01"), noise=False),
     "cifar-pp": Setup("cifar", "tiny-ghostbn", 32, ("--lr", "0.001")),
-    "imagewoof": Setup("imagewoof", "tiny-exact", 32, ("--sync-bn",), adam=True),  # lr 5e-4
+    "imagewoof": Setup("imagewoof", "tiny-exact", 32, ("--sync-bn",), adam=True,  # lr 5e-4
+                       noise=False),
     "imagewoof-pp": Setup("imagewoof", "tiny-ghostbn", 32, adam=True),
     "xsum": Setup("xsum", "tiny", 16, adam=True),
 }
@@ -259,6 +264,32 @@ def references(tmp_path_factory, data_dirs, rank_pools):
     return get
 
 
+@pytest.fixture(scope="module")
+def noise_references(tmp_path_factory, data_dirs, rank_pools):
+    """Per setup, one process over the same global batch in 4 micro-batches (None where
+    that is not equivalent): how far cutting the batch alone moves this model's weights on
+    this CPU, which may raise each tensor's bound (ddl.conformance.tolerance). Issue 52:
+    the xresnet pipelines (4 micro-batches of 8) ended 8.4e-6 from one process against a
+    bound of 8.1e-6 on a Xeon, all three schedules by the same amount; 2 micro-batches of
+    16 moved the same tensor by 2.7e-9 only, so the reference cuts as finely as the
+    runs."""
+    cache: dict[str, dict | None] = {}
+
+    def get(name: str):
+        if name not in cache:
+            setup = SETUPS[name]
+            cache[name] = None
+            if setup.noise:
+                run_dir = tmp_path_factory.mktemp(f"noise-{name}") / "run"
+                results, cache[name] = _train(rank_pools, run_dir, setup,
+                                              data_dirs[setup.workload], 1, "ddp",
+                                              "--batch-size", str(setup.batch // 4))
+                assert results["batch"]["accumulation_steps"] == 4
+        return cache[name]
+
+    return get
+
+
 def _initial_weights(setup: Setup, data_dir: Path) -> dict[str, torch.Tensor]:
     from ddl.worker.distributed import seed_all
     from ddl.contract.plugins import Plugins
@@ -270,11 +301,11 @@ def _initial_weights(setup: Setup, data_dir: Path) -> dict[str, torch.Tensor]:
     return workload.build_model().state_dict()
 
 
-def _assert_trained_and_same(got, want, initial, adam: bool) -> None:
+def _assert_trained_and_same(got, want, initial, adam: bool, noise=None) -> None:
     assert got.keys() == want.keys() == initial.keys()
     moved = [name for name in want if not torch.equal(want[name], initial[name])]
     assert len(moved) >= 0.9 * len(want), "training left most tensors unchanged"
-    assert_same_weights(got, want, adam=adam)
+    assert_same_weights(got, want, adam=adam, noise=noise)
 
 
 def _assert_memory(strategy: str, nproc: int, one: dict, many: dict) -> None:
@@ -320,8 +351,8 @@ def _assert_predicted(setup: Setup, data_dir: Path, many: dict) -> None:
                          ids=[f"{s}-{label}-{n}" + (f"-{extra[extra.index('--mesh') + 1]}"
                                                     if "--mesh" in extra else "")
                               for s, label, n, extra in RUNS])
-def test_matches_one_process(tmp_path, data_dirs, references, rank_pools, setup_name, label,
-                             nproc, extra):
+def test_matches_one_process(tmp_path, data_dirs, references, noise_references, rank_pools,
+                             setup_name, label, nproc, extra):
     setup = SETUPS[setup_name]
     strategy = label.split(":")[0]
     one, want = references(setup_name)
@@ -344,7 +375,7 @@ def test_matches_one_process(tmp_path, data_dirs, references, rank_pools, setup_
         assert many["strategy_report"]["schedule"] == label.split(":")[1]
 
     initial = _initial_weights(setup, data_dirs[setup.workload])
-    _assert_trained_and_same(got, want, initial, setup.adam)
+    _assert_trained_and_same(got, want, initial, setup.adam, noise_references(setup_name))
     _assert_memory(strategy, nproc, one, many)
     _assert_predicted(setup, data_dirs[setup.workload], many)
     assert many["parameters"] == one["parameters"]  # the whole model's, on every strategy

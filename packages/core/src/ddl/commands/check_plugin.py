@@ -65,8 +65,11 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
                                         plugins)
             for skipped in plan.skipped:
                 line("NOT RUN", skipped.label, skipped.reason)
+            from ddl.conformance.runs import micro_batching_is_equivalent
+
+            noise = micro_batching_is_equivalent(workload.build_model())
             for run, failure in conformance.equivalence_results(
-                    spec.name, data_dir, work_dir, plan.runs, rule, ns.preset):
+                    spec.name, data_dir, work_dir, plan.runs, rule, ns.preset, noise=noise):
                 label = "strategy:one process" if run is None else f"strategy:{run.label}"
                 detail = failure.detail if failure else ""
                 if failure and build_differs is not None and run is not None \

@@ -145,7 +145,7 @@ def check_strategies(name: str, data_dir: Path, work_dir: Path, strategies: list
         capabilities = spec.capabilities if spec else frozenset()
     plan = plan_for(frozenset(capabilities), workload, strategies, checks, plugins)
     check_equivalence(name, data_dir, work_dir, plan.runs, tolerance_for(tolerance), preset,
-                      parallel=parallel, command=command)
+                      parallel=parallel, command=command, noise=_noise_applies(workload))
     return _report(plan.skipped)
 
 
@@ -175,8 +175,16 @@ def check_workload(name: str, work_dir: Path, preset: str = "tiny", *,
     chosen = supported_strategies(spec, plugins) if strategies is None else strategies
     plan = plan_for(spec.capabilities, workload, chosen, checks, plugins)
     check_equivalence(name, data_dir, work_dir, plan.runs, rule, preset, parallel=parallel,
-                      command=command)
+                      command=command, noise=_noise_applies(workload))
     return _report(plan.skipped)
+
+
+def _noise_applies(workload: Any) -> bool:
+    """Whether the kit trains a noise reference for this workload (micro-batches are the
+    same computation for its model; ddl.conformance.tolerance)."""
+    from ddl.conformance.runs import micro_batching_is_equivalent
+
+    return workload is None or micro_batching_is_equivalent(workload.build_model())
 
 
 def check_ddp_equivalence(name: str, data_dir: Path, work_dir: Path, preset: str = "tiny", *,

@@ -120,16 +120,17 @@ def train(command: tuple[str, ...], contract: str, name: str, run_dir: Path,
     return torch.load(run_dir / "model.pt", weights_only=True)
 
 
-def compare(run: Run, name: str, got: dict, want: dict, tolerance: Tolerance) -> None:
+def compare(run: Run, name: str, got: dict, want: dict, tolerance: Tolerance,
+            noise: dict | None = None) -> None:
     """ContractBroken naming the strategy, the tensor furthest off, how far, and what to
-    check."""
+    check. ``noise``: a noise reference's weights (ddl.conformance.tolerance)."""
     contract = f"strategy:{run.label}"
     if got.keys() != want.keys():
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         raise ContractBroken(contract, name, f"model.pt holds other tensors than one "
                              f"process's (missing {missing[:3]}, extra {extra[:3]}): check "
                              f"{run.suspects}")
-    wrong = mismatches(got, want, tolerance)
+    wrong = mismatches(got, want, tolerance, noise)
     if wrong:
         # furthest off first: a wrong hint moves nearly every tensor, a list of 3 shows
         # where (a wrong head count: the embeddings and the attention projections)
@@ -146,13 +147,13 @@ def compare(run: Run, name: str, got: dict, want: dict, tolerance: Tolerance) ->
 def check_equivalence(name: str, data_dir: Path, work_dir: Path, runs: list[Run],
                       tolerance: Tolerance, preset: str = "tiny", *,
                       global_batch: int = GLOBAL_BATCH, parallel: int = 2,
-                      command: tuple[str, ...] = DDL_COMMAND) -> None:
+                      command: tuple[str, ...] = DDL_COMMAND, noise: bool = True) -> None:
     """``strategy:<label>``: one process, then each of ``runs``, at the same global batch;
     up to ``parallel`` launches at a time (a launch waits on start-up and rendezvous as
     much as it computes). The first failure in ``runs`` order is raised."""
     results = equivalence_results(name, data_dir, work_dir, runs, tolerance, preset,
                                   global_batch=global_batch, parallel=parallel,
-                                  command=command)
+                                  command=command, noise=noise)
     with closing(results):  # on a failure, the launches still running finish first
         for _, failure in results:
             if failure is not None:
@@ -162,14 +163,18 @@ def check_equivalence(name: str, data_dir: Path, work_dir: Path, runs: list[Run]
 def equivalence_results(name: str, data_dir: Path, work_dir: Path, runs: list[Run],
                         tolerance: Tolerance, preset: str = "tiny", *,
                         global_batch: int = GLOBAL_BATCH, parallel: int = 2,
-                        command: tuple[str, ...] = DDL_COMMAND
+                        command: tuple[str, ...] = DDL_COMMAND, noise: bool = True
                         ) -> Iterator[tuple[Run | None, ContractBroken | None]]:
     """What check_equivalence checks, one result at a time: ``(None, failure)`` for the
     one-process reference (nothing follows a failed one), then ``(run, failure)`` per run
     in ``runs`` order, ``failure`` None where it passed. A run with a ``reference`` of its
     own is compared with one process given those flags too; a run that ``resumes``
     another starts when that one has ended. Relative directories are read from the
-    current one (the launches run elsewhere)."""
+    current one (the launches run elsewhere). ``noise``: also train one process over the
+    same global batch in :data:`NOISE_MICROBATCHES` micro-batches, the noise reference
+    whose distance from one process may raise each tensor's bound
+    (ddl.conformance.tolerance); False for a model where that is not the same computation
+    (:func:`micro_batching_is_equivalent`)."""
     data_dir, work_dir = Path(data_dir).resolve(), Path(work_dir).resolve()
     common = ("--preset", preset, "--global-batch-size", str(global_batch),
               "--data-dir", str(data_dir), *STEPS)
@@ -198,6 +203,8 @@ def equivalence_results(name: str, data_dir: Path, work_dir: Path, runs: list[Ru
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         references = {extra: pool.submit(reference, extra)
                       for extra in dict.fromkeys([(), *(r.reference for r in runs)])}
+        cut = ("--batch-size", str(global_batch // NOISE_MICROBATCHES))
+        noisy = pool.submit(reference, cut) if noise else None
         launched: dict[str, Future] = {}
         for run in runs:  # a resumed run's own comes first in ``runs``: no wait on a queue
             launched[run.label] = pool.submit(launch, run, launched.get(run.resumes))
@@ -211,13 +218,14 @@ def equivalence_results(name: str, data_dir: Path, work_dir: Path, runs: list[Ru
             for run in runs:
                 try:
                     compare(run, name, launched[run.label].result(),
-                            _reference_of(run, name, references), tolerance)
+                            _reference_of(run, name, references), tolerance,
+                            _noise(noisy) if not run.reference else None)
                 except ContractBroken as exc:
                     yield run, exc
                 else:
                     yield run, None
         finally:
-            for future in [*references.values(), *launched.values()]:
+            for future in [*references.values(), *launched.values(), *filter(None, [noisy])]:
                 future.cancel()  # launches not yet started; running ones finish
 
 
@@ -227,6 +235,30 @@ def _slug(text: str) -> str:
 
 def _run_dir(work_dir: Path, label: str) -> Path:
     return work_dir / f"strategy-{_slug(label)}"
+
+
+NOISE_MICROBATCHES = 4  # as finely as the kit's runs cut a batch (4 ranks or micro-batches)
+
+
+def micro_batching_is_equivalent(model: Any) -> bool:
+    """Whether training ``model`` on a batch in micro-batches is the same computation
+    (up to summation order): not when a layer normalises over the batch (BatchNorm,
+    ghost BatchNorm included), whose statistics would then come from fewer samples."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return not any(isinstance(m, _BatchNorm) for m in model.modules())
+
+
+def _noise(noisy: Future | None) -> dict | None:
+    """The noise reference's weights; None when it was not run or failed (a broken
+    accumulation is the ``accumulation`` check's to report, and the rule's own bound
+    holds then)."""
+    if noisy is None:
+        return None
+    try:
+        return noisy.result()
+    except ContractBroken:
+        return None
 
 
 def _reference_of(run: Run, name: str, references: dict[tuple[str, ...], Future]) -> dict:
