@@ -25,12 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddl.conformance.runs import GLOBAL_BATCH, Run, strategy_runs, suspects_of
+from ddl.conformance.runs import GLOBAL_BATCH, RESUME_STEP, Run, strategy_runs, suspects_of
 
 #: Everything the kit can run, in this order; ``strategies``: one run per strategy.
 CHECKS = ("strategies", "hsdp", "3d", "degrees", "accumulation", "clipping", "resume")
 CLIP_GRAD_NORM = 0.05  # gradient norms of the tiny presets start near 1: it binds
-RESUME_STEP = 2  # of the 3 steps: the resumed run trains the last one
 LAYOUTS = {  # check: (label, processes, --mesh, capabilities it needs)
     "hsdp": ("hsdp dp_replicate=2,dp_shard=2", 4, "dp_replicate=2,dp_shard=2", ()),
     "3d": ("3-D pp=2,tp=2,dp_shard=2", 8, "pp=2,tp=2,dp_shard=2",

@@ -49,7 +49,7 @@ class Run:
     """One run: ``label`` names it in failures (``strategy:<label>``). ``reference``: what
     the one-process run it is compared with needs beyond the common flags (clipping's
     ``--clip-grad-norm``); ``resumes``: the label of the run whose checkpoint after step
-    ddl.conformance.checks.RESUME_STEP this one continues."""
+    :data:`RESUME_STEP` this one continues."""
 
     label: str
     nproc: int
@@ -57,6 +57,9 @@ class Run:
     suspects: str
     reference: tuple[str, ...] = ()
     resumes: str = ""
+
+
+RESUME_STEP = 2  # of the 3 steps: the resumed run trains the last one
 
 
 def strategy_runs(strategies: list[str], capabilities: frozenset[str] | set[str]) -> list[Run]:
@@ -192,8 +195,6 @@ def equivalence_results(name: str, data_dir: Path, work_dir: Path, runs: list[Ru
             except ContractBroken:
                 raise ContractBroken(contract, name, f"not run: the run it resumes "
                                      f"({run.resumes}) failed") from None
-            from ddl.conformance.checks import RESUME_STEP
-
             args += ("--resume", str(_run_dir(work_dir, run.resumes) / "checkpoints" /
                                      f"step-{RESUME_STEP:08d}"))
         weights = train(command, contract, name, _run_dir(work_dir, run.label), *args, *common)
