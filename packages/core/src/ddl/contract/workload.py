@@ -208,24 +208,40 @@ class Workload(ABC):
         whose forward is its top-level children applied in order (nn.Sequential-like)."""
         return []
 
-    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
-        """The model cut into ``n_stages`` modules; stage i's output is stage i+1's input,
-        the last stage's output goes to :meth:`loss`. Default: cut the top-level children
-        at ``n_stages - 1`` of the split points, spread evenly. Override for models that
-        are not sequential (e.g. an encoder-decoder)."""
-        from collections import OrderedDict
+    def pipeline_costs(self, model: nn.Module) -> list[float] | None:
+        """What each segment between split points costs (``len(pipeline_splits) + 1``
+        numbers, in order), for :meth:`pipeline_cut` to balance: e.g. forward FLOPs per
+        sample where the workload knows them. None (the default): each segment's
+        parameters (:func:`segment_parameters`), the model state a stage holds."""
+        return None
 
-        from torch import nn
-
+    def pipeline_cut(self, model: nn.Module, n_stages: int) -> list[str]:
+        """The ``n_stages - 1`` split points where stages 2.. begin: the cut whose largest
+        stage costs least (:meth:`pipeline_costs`, default parameters; :func:`balanced_cut`);
+        among equal ones the most even, then the one nearest an even spread of the points.
+        Raises UsageError when there are fewer split points than cuts."""
         splits = self.pipeline_splits(model)
         if n_stages - 1 > len(splits):
             from ddl.contract.errors import UsageError
             raise UsageError(f"{n_stages} pipeline stages need {n_stages - 1} split points; "
                              f"this workload has {len(splits)} ({', '.join(splits) or 'none'})"
                              f"; allowed: at most {len(splits) + 1} stages")
-        # len(splits) + 1 segments shared out as evenly as the split points allow
-        chosen = {splits[round(i * (len(splits) + 1) / n_stages) - 1]
-                  for i in range(1, n_stages)}
+        costs = self.pipeline_costs(model)
+        if costs is None:
+            costs = segment_parameters(model, splits)
+        return [splits[j - 1] for j in balanced_cut(costs, n_stages)]
+
+    def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
+        """The model cut into ``n_stages`` modules; stage i's output is stage i+1's input,
+        the last stage's output goes to :meth:`loss`. Default: cut the top-level children
+        at the split points :meth:`pipeline_cut` chooses (balanced by parameters, or by
+        :meth:`pipeline_costs`). Override for models that are not sequential (e.g. an
+        encoder-decoder)."""
+        from collections import OrderedDict
+
+        from torch import nn
+
+        chosen = set(self.pipeline_cut(model, n_stages))
         stages: list[list[tuple[str, nn.Module]]] = [[]]
         for name, child in model.named_children():
             if name in chosen:
@@ -243,3 +259,66 @@ class Workload(ABC):
         ``model`` on the same inputs). Return the same dict everywhere (reduce across
         ranks yourself) or {} to skip."""
         return {}
+
+
+def segment_parameters(model: nn.Module, splits: list[str]) -> list[float]:
+    """Parameters (elements) of each segment between ``splits`` (module paths where a
+    segment begins, in the model's registration order, which a pipeline's forward
+    follows); a weight tied between segments counts where it is first registered."""
+    counts = [0.0] * (len(splits) + 1)
+    segment = 0
+    for name, param in model.named_parameters():
+        for j in range(segment, len(splits)):  # a split without parameters is passed over
+            if name == splits[j] or name.startswith(splits[j] + "."):
+                segment = j + 1
+        counts[segment] += param.numel()
+    return counts
+
+
+def balanced_cut(costs: list[float], n_stages: int) -> list[int]:
+    """Where ``n_stages`` stages of consecutive segments begin (segment indices 1..
+    ``len(costs) - 1``, increasing): the cut whose most costly stage costs least (a
+    pipeline runs at its slowest stage's pace and holds its largest stage's state);
+    among those the smallest sum of squared stage costs (the most even), then the cut
+    nearest ``round(i (len(costs)) / n_stages)``, the even spread by index. Exact: two
+    dynamic programmes over (stages, segments), no search."""
+    k = len(costs)
+    if not 1 <= n_stages <= k:
+        raise ValueError(f"{n_stages} stages of {k} segments")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    def cost(i: int, j: int) -> float:  # segments i..j-1
+        return prefix[j] - prefix[i]
+
+    inf = float("inf")
+    # 1. the least possible largest stage
+    best = [[inf] * (k + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, n_stages + 1):
+        for j in range(s, k - (n_stages - s) + 1):
+            best[s][j] = min(max(best[s - 1][i], cost(i, j)) for i in range(s - 1, j))
+    limit = best[n_stages][k]
+    tol = 1e-9 * max(abs(limit), 1.0)
+    # 2. under that limit: the smallest sum of squares, then the nearest to even by index
+    key: list[list[tuple[float, float] | None]] = [[None] * (k + 1)
+                                                   for _ in range(n_stages + 1)]
+    back = [[0] * (k + 1) for _ in range(n_stages + 1)]
+    key[0][0] = (0.0, 0.0)
+    for s in range(1, n_stages + 1):
+        even = s * k / n_stages
+        for j in range(s, k - (n_stages - s) + 1):
+            for i in range(s - 1, j):
+                prev, c = key[s - 1][i], cost(i, j)
+                if prev is None or c > limit + tol:
+                    continue
+                off = abs(j - even) if s < n_stages else 0.0
+                cand = (prev[0] + c * c, prev[1] + off)
+                if key[s][j] is None or cand < key[s][j]:
+                    key[s][j], back[s][j] = cand, i
+    cuts, j = [], k
+    for s in range(n_stages, 1, -1):
+        j = back[s][j]
+        cuts.append(j)
+    return cuts[::-1]

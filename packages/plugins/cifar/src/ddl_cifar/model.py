@@ -233,23 +233,29 @@ def forward_macs(arch: Arch, size: int) -> int:
     """Multiply-accumulates of one forward pass at ``size`` x ``size`` input: every
     convolution (output pixels x k*k x c_in x c_out) and the dense layer. BN, ReLU, pooling
     and the residual additions are elementwise and left out, as in the usual FLOP counts."""
+    return sum(forward_macs_by_part(arch, size))
+
+
+def forward_macs_by_part(arch: Arch, size: int) -> list[int]:
+    """:func:`forward_macs` per part in forward order: the stem, each stage, the head."""
 
     def conv_out(n: int, k: int, stride: int, pad: int) -> int:
         return (n + 2 * pad - k) // stride + 1
 
     n = conv_out(size, 7, 2, 3)
-    macs = n * n * 7 * 7 * 3 * arch.stem
+    parts = [n * n * 7 * 7 * 3 * arch.stem] + [0] * len(arch.blocks)
     n = conv_out(n, 3, 2, 1)  # zero padding 1, 3x3/2 max pooling
-    for _, _, c, f, stride, projection in arch.block_plan():
+    for s, _, c, f, stride, projection in arch.block_plan():
         out = EXPANSION * f
         m = conv_out(n, 3, stride, 1)  # the 3x3 conv (and the block) may halve the size
-        macs += n * n * c * f  # conv1 at the input resolution
+        macs = n * n * c * f  # conv1 at the input resolution
         macs += m * m * 9 * f * f  # conv2
         macs += m * m * f * out  # conv3
         if projection:
             macs += m * m * c * out  # 1x1 projection with the block's stride
+        parts[1 + s] += macs
         n = m
-    return macs + EXPANSION * arch.filters[-1] * arch.num_classes
+    return [*parts, EXPANSION * arch.filters[-1] * arch.num_classes]
 
 
 def train_flops_per_sample(arch: Arch, size: int) -> float:

@@ -102,12 +102,18 @@ class CifarWorkload(Workload):
         stem -> stages.0..3 -> head, so each split is a clean cut of one activation tensor."""
         return [f"stages.{i}" for i in range(1, len(net.stages))]
 
+    def pipeline_costs(self, net: nn.Module) -> list[float]:
+        """Forward multiply-adds per segment (stem + conv2 | conv3 | conv4 | conv5 + head,
+        :func:`model.forward_macs_by_part`): a ResNet's late stages hold most parameters
+        but not most of the work, so the cut balances the work."""
+        parts = model.forward_macs_by_part(
+            self.arch, int(self.preset.options.get("image_size", 128)))
+        stem, *stages, head = parts
+        return [stem + stages[0], *stages[1:-1], stages[-1] + head] if len(stages) > 1 \
+            else [stem + stages[0] + head]
+
     def pipeline_stages(self, net: nn.Module, n_stages: int) -> list[nn.Module]:
         """The core's default cuts top-level children only; the split points here are one
-        level down (``stages.i``), so cut with :func:`model.pipeline_pieces`, choosing the
-        points as the core does (spread evenly)."""
-        splits = self.pipeline_splits(net)
-        if n_stages - 1 > len(splits):
-            return super().pipeline_stages(net, n_stages)  # raises the core's clear error
-        chosen = {splits[round(i * (len(splits) + 1) / n_stages) - 1] for i in range(1, n_stages)}
-        return model.pipeline_pieces(net, chosen)
+        level down (``stages.i``), so cut with :func:`model.pipeline_pieces` at the points
+        the core chooses (:meth:`pipeline_cut`, balanced by :meth:`pipeline_costs`)."""
+        return model.pipeline_pieces(net, set(self.pipeline_cut(net, n_stages)))

@@ -146,16 +146,23 @@ def forward_macs(cfg: XResNetConfig, image_size: int) -> int:
     convolutions and the linear layer (BN, ReLU, pooling and the residual add are
     elementwise and <1 % of the total; FLOP counters such as torch's FlopCounterMode skip
     them too)."""
+    return sum(forward_macs_by_part(cfg, image_size))
+
+
+def forward_macs_by_part(cfg: XResNetConfig, image_size: int) -> list[int]:
+    """:func:`forward_macs` per part in forward order: the stem, each stage, the head."""
     h = image_size
     macs = 0
     stem_sizes = (cfg.c_in, *cfg.stem)
     for i in range(len(cfg.stem)):
         h = _conv_out(h, 3, 2 if i == 0 else 1)
         macs += h * h * stem_sizes[i] * stem_sizes[i + 1] * 9
+    parts = [macs]
     h = _conv_out(h, 3, 2)  # max pool
     c_in = cfg.stem[-1]
     for s, (blocks, width) in enumerate(zip(cfg.layers, cfg.widths)):
         c_out = width * cfg.expansion
+        macs = 0
         for b in range(blocks):
             stride = 2 if (s > 0 and b == 0) else 1
             macs += h * h * c_in * width  # 1x1 reduce, at the input resolution
@@ -165,7 +172,8 @@ def forward_macs(cfg: XResNetConfig, image_size: int) -> int:
             if c_in != c_out:
                 macs += h_out * h_out * c_in * c_out  # shortcut 1x1 after the pool
             h, c_in = h_out, c_out
-    return macs + c_in * cfg.n_out
+        parts.append(macs)
+    return [*parts, c_in * cfg.n_out]
 
 
 def train_flops_per_sample(cfg: XResNetConfig, image_size: int) -> float:

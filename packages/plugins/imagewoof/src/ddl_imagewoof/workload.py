@@ -207,6 +207,14 @@ class ImagewoofWorkload(Workload):
         """Stage boundaries: stem + stage1 | stage2 | stage3 | stage4 + head."""
         return ["stage2", "stage3", "stage4"]
 
+    def pipeline_costs(self, model: nn.Module) -> list[float]:
+        """Forward multiply-adds per segment (model.forward_macs_by_part): stage 4 holds
+        most parameters but not most of the work, so the cut balances the work."""
+        from ddl_imagewoof.model import forward_macs_by_part
+
+        stem, *stages, head = forward_macs_by_part(self.model_config, self.image_size)
+        return [stem + stages[0], *stages[1:-1], stages[-1] + head]
+
 
 def _unwrap(model: nn.Module) -> XResNet:
     while not isinstance(model, XResNet) and hasattr(model, "module"):
