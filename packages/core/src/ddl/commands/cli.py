@@ -6,6 +6,7 @@ and turn every error a user can cause into one line on stderr and exit code 2
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -91,6 +92,33 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:
+        # A file system's refusal that no command put into words of its own (a path too
+        # long, a file where a directory was asked for, a full disk): still one line naming
+        # the path, exit 2, not a traceback.
+        if exc.errno not in _FILE_ERRORS:
+            raise
+        print(f"ddl: error: {as_one_line(_file_error(exc))}", file=sys.stderr)
+        return 2
+
+
+_FILE_ERRORS = {errno.ENAMETOOLONG, errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOENT,
+                errno.ELOOP}
+
+
+def _file_error(exc: OSError) -> str:
+    """``PATH: what the system said; allowed: ...`` for a refused file operation."""
+    name = str(exc.filename) if exc.filename is not None else "a file"
+    shown = name if len(name) <= 60 else f"{name[:40]}...{name[-12:]} ({len(name)} characters)"
+    allowed = {errno.ENAMETOOLONG: "names of at most 255 bytes, paths of less than 4096",
+               errno.ENOSPC: "a file system with room (free space, or choose another path)",
+               errno.EDQUOT: "a file system with room (free space, or choose another path)",
+               errno.ENOTDIR: "a directory where the flag asks for one",
+               errno.EEXIST: "a directory where the flag asks for one",
+               errno.EISDIR: "a file where the flag asks for one"}.get(
+                   exc.errno, "a path this user may read and write")
+    return f"{shown}: {exc.strerror or exc}; allowed: {allowed}"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.commands.parser import SUBMIT_ONLY
+from ddl.contract.errors import UsageError
 from ddl.settings.plan import absolute
 
 
@@ -40,3 +41,16 @@ def train_arguments(flags: dict[str, Any], leave_out: Collection[str] = ()) -> l
             value = absolute(value, f"--{key.replace('_', '-')}")
         args.append(f"--{key.replace('_', '-')}={value}")
     return args
+
+
+def check_whole(flag: str, value: int | None, upper: int, what: str = "") -> None:
+    """A count flag of a command that loops over it (``ddl plan``, ``ddl layout``): from 1
+    to ``upper``, the bound ``ddl train`` puts on the same value (ddl.settings.config), so
+    ``--nproc 99999999999999999999`` is one line instead of a loop that never ends."""
+    if value is None or 1 <= value <= upper:
+        return
+    text = str(value)
+    shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} digits)"
+    if value < 1:
+        raise UsageError(f"{flag}: {shown}; allowed: a whole number >= 1")
+    raise UsageError(f"{flag}: {shown}; allowed: 1 to {upper}{what}")

@@ -33,6 +33,8 @@ ADVICE = {  # when a dimension's groups cross nodes
     "dp_shard": "HSDP (--mesh dp_replicate=R) can keep the sharding inside a node and "
                 "replicate across nodes",
 }
+#: The most ranks a layout is drawn for: ddl submit's largest job (10000 nodes) of 8 GPUs.
+MAX_WORLD = 80_000
 WIDTH = 88
 DIM_WIDTH = 14  # "dp_replicate" and a gap
 
@@ -44,18 +46,26 @@ def cmd_layout(ns: argparse.Namespace) -> int:
 
 def _place(mesh: dict[str, int], nproc: int | None, nodes: int) -> tuple[ParallelLayout, int]:
     """The layout and the processes per node, from the flags (each mistake one line)."""
-    for flag, value in (("--nproc", nproc), ("--nodes", nodes)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: {value}; allowed: a whole number >= 1")
+    from ddl.commands.flags import check_whole
+    from ddl.launch.submit import MAX_NODES
+    from ddl.settings.config import MAX_NPROC
+
+    # the bounds of `ddl train` and `ddl submit`: the table has a row per rank
+    check_whole("--nproc", nproc, MAX_NPROC)
+    check_whole("--nodes", nodes, MAX_NODES)
+    world = 1
+    for dim, size in mesh.items():
+        world *= size
+        check_whole("--mesh (the degrees' product)", world, MAX_WORLD,
+                    f" ranks ({MAX_NODES} nodes x 8 GPUs)")
     if nproc is None:  # the world the named degrees make, spread evenly over the nodes
-        world = 1
-        for size in mesh.values():
-            world *= size
         if world % nodes:
             raise UsageError(f"--nodes: {nodes} nodes cannot share the "
                              f"{_count(world, 'process')} of --mesh evenly; allowed: a divisor of {world}, or --nproc N "
                              "processes per node")
         nproc = world // nodes
+    check_whole("--nproc x --nodes", nproc * nodes, MAX_WORLD,
+                f" ranks ({MAX_NODES} nodes x 8 GPUs)")
     layout = resolve(mesh, nproc * nodes, strategy="mesh", allowed=MESH_ALLOWED,
                      dp_means=MESH_DP_MEANS, fill=MESH_FILL)
     return layout, nproc

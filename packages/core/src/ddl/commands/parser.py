@@ -4,6 +4,7 @@ is generated from it). No torch: ``ddl --help`` must answer at once."""
 from __future__ import annotations
 
 import argparse
+import difflib
 from pathlib import Path
 
 from ddl import __version__
@@ -16,7 +17,14 @@ MNIST CNN with DDP on 2 local CPU processes (generating synthetic MNIST on first
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (argparse prints usage plus the error)."""
+    """argparse, but a usage error is one line (argparse prints usage plus the error), a
+    flag is taken only as written (no abbreviations: `--epoch 2` is refused, not read as
+    `--epochs 2`, and a flag added later cannot change what an old command line means), and
+    a mistyped choice gets the nearest one suggested (`ddl trian`: did you mean 'train'?)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse quotes the bad value whole ("invalid int value: 'xxx...'"): cut a long
@@ -24,6 +32,33 @@ class _Parser(argparse.ArgumentParser):
         from ddl.commands.cli import bounded
 
         raise UsageError(f"{bounded(message, longest=60)} (see `{self.prog} --help`)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """A flag this parser does not know is refused here, where its own flags are known,
+        with the nearest one suggested (`--epoch`: did you mean --epochs?)."""
+        ns, extras = super().parse_known_args(args, namespace)
+        for extra in extras:
+            flag = extra.partition("=")[0]
+            if flag.startswith("--"):
+                known = [s for s in self._option_string_actions if s.startswith("--")]
+                # what argparse's abbreviations took first, then the nearest spelling
+                near = [s for s in known if s.startswith(flag)][:3] or \
+                    difflib.get_close_matches(flag, known, n=1)
+                shown = flag if len(flag) <= 40 else f"{flag[:40]}..."
+                hint = f"; did you mean {' or '.join(near)}?" if near else ""
+                self.error(f"unrecognized argument {shown}{hint}")
+        return ns, extras
+
+    def _check_value(self, action, value) -> None:
+        choices = action.choices
+        if choices is not None and isinstance(value, str) and value not in choices:
+            names = [str(choice) for choice in choices]
+            shown = value if len(value) <= 40 else f"{value[:40]}..."
+            near = difflib.get_close_matches(value, names, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise argparse.ArgumentError(action, f"invalid choice: {shown!r}; {hint}"
+                                                 f"allowed: {', '.join(names)}")
+        super()._check_value(action, value)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -49,6 +84,33 @@ def _mesh(text: str) -> dict[str, int] | str:
     return mesh
 
 
+#: What users of AMD GPUs (LUMI) type for the GPU device; torch's ROCm build drives them
+#: through the ``cuda`` device type, so each means ``--device cuda``.
+DEVICE_ALIASES = {"rocm": "cuda", "hip": "cuda", "gpu": "cuda"}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _device(text: str) -> str:
+    if text in DEVICES:
+        return text
+    if text.lower() in DEVICE_ALIASES:
+        return DEVICE_ALIASES[text.lower()]
+    shown = text if len(text) <= 40 else f"{text[:40]}..."
+    near = difflib.get_close_matches(text.lower(), [*DEVICES, *DEVICE_ALIASES], n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {shown!r}; {hint}allowed: {', '.join(DEVICES)} (rocm, hip and gpu "
+        "mean cuda: torch drives AMD GPUs as cuda devices)")
+
+
+def _name(text: str) -> str:
+    """A name flag's value (--preset): an empty one is refused, not read as the default."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty name; allowed: a name (leave the flag out "
+                                         "for the default)")
+    return text
+
+
 def _directory(text: str) -> Path:
     """A directory flag's path; an empty one is refused (Path("") is the current directory,
     so `--run-dir ''` would write a run into it)."""
@@ -67,7 +129,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                    "--mesh alone: mesh, which composes whatever --mesh names)")
     p.add_argument("--site", default=S, help="site profile (default: auto, the profile "
                    "whose detect rules match this machine, else local)")
-    p.add_argument("--preset", default=S, help="workload size preset (default: the course's)")
+    p.add_argument("--preset", type=_name, default=S,
+                   help="workload size preset (default: the course's)")
     p.add_argument("--mesh", type=_mesh, default=S, metavar="DIM=N,...",
                    help="parallel degrees by name (pp, dp_replicate, dp_shard, tp; dp = the "
                         "strategy's data parallelism): pp=2,tp=2,dp_shard=2 (3-D), "
@@ -151,8 +214,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                    help="a rank without a heartbeat this long counts as hung: the run ends "
                         "with one line naming it (default: 120; 0 = off, else at "
                         "least 1)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=S,
-                   help="default: auto (the site's accelerator)")
+    p.add_argument("--device", type=_device, default=S, metavar="{auto,cpu,cuda}",
+                   help="default: auto (the site's accelerator); rocm, hip and gpu mean "
+                        "cuda (torch drives AMD GPUs as cuda devices)")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], default=S,
                    help="auto: bf16 on GPUs that have it, fp16 with loss scaling on older "
                         "GPUs, fp32 on CPU")
@@ -177,7 +241,7 @@ def make_parser() -> argparse.ArgumentParser:
                          help="default: the site's (./data)")
     prepare.add_argument("--site", default=argparse.SUPPRESS,
                          help="default: auto (detected, else local)")
-    prepare.add_argument("--preset", default=argparse.SUPPRESS,
+    prepare.add_argument("--preset", type=_name, default=argparse.SUPPRESS,
                          help="the preset whose data and model files to fetch (default: the "
                               "workload's default; e.g. xsum's t5-large adds its weights)")
     prepare.add_argument("--synthetic", action="store_true",
@@ -300,7 +364,7 @@ def _plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help="rank the layouts of a workload on N nodes of a site "
                           "by predicted memory and step time (ddl.worker.planner)")
     plan.add_argument("--plugin", required=True, help="workload")
-    plan.add_argument("--preset", help="default: the workload's")
+    plan.add_argument("--preset", type=_name, help="default: the workload's")
     plan.add_argument("--site", required=True, help="site profile: a GPU site, or a CPU "
                       "site of this machine (local: each process gets its share of the "
                       "available memory)")

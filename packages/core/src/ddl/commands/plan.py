@@ -23,17 +23,23 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from ddl.contract.plugins import Plugins
     from ddl.settings.sites import get_site
 
-    for flag, value in (("--nodes", ns.nodes), ("--top", ns.top),
-                        ("--global-batch-size", ns.global_batch_size),
-                        ("--verify", ns.verify)):
-        if value is not None and value < 1:
-            raise UsageError(f"{flag}: {value}; allowed: a whole number >= 1")
+    from ddl.commands.flags import check_whole
+    from ddl.launch.submit import MAX_NODES
+    from ddl.settings.config import MAX_COUNT, MAX_NPROC
+
+    # the bounds `ddl train` and `ddl submit` put on the same values: the search loops over
+    # the divisors of the world and the batch, so a huge number would never end
+    for flag, value, upper in (("--nodes", ns.nodes, MAX_NODES), ("--top", ns.top, MAX_COUNT),
+                               ("--nproc", ns.nproc, MAX_NPROC),
+                               ("--global-batch-size", ns.global_batch_size, MAX_COUNT),
+                               ("--verify", ns.verify, MAX_COUNT)):
+        check_whole(flag, value, upper)
     plan_job.check_flags(ns)
     if ns.save is not None:
         _check_save(ns.save)
     plugins = Plugins()
     site = get_site(ns.site, plugins)
-    _, partition = site.partition(ns.partition) if site.partitions else (None, None)
+    partition = _partition(site, ns.partition)
     target = plan_target.resolve(site, partition, ns.nodes, ns.nproc)  # CPU sites too
     spec = plugins.workload(ns.plugin)
     preset_name = ns.preset or spec.default_preset
@@ -74,14 +80,38 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     return plan_verify.exit_code(report["verify"]) if "verify" in report else 0
 
 
+def _partition(site, name: str | None):
+    """The partition ``--partition`` names (None: the site's default; a site without
+    partitions, such as local, takes none): a name that is not the site's is refused, not
+    ignored."""
+    if name is not None and not name:
+        raise UsageError("--partition: an empty name; allowed: a partition of the site "
+                         "(leave the flag out for its default)")
+    if not site.partitions:
+        if name is not None:
+            raise UsageError(f"--partition: {name[:40]!r}; site {site.name} has no "
+                             "partitions (not a Slurm site); allowed: leave --partition out")
+        return None
+    return site.partition(name)[1]
+
+
 def _check_save(path: Path) -> None:
     """``--save FILE`` refused before the planning when it could not be written."""
     import os
 
-    parent = path.resolve().parent
-    if not parent.is_dir() or path.is_dir() or not os.access(parent, os.W_OK):
-        raise UsageError(f"--save: cannot write {path}; allowed: a file in an existing "
-                         "directory you can write")
+    text = str(path)
+    shown = text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+    try:
+        parent = path.resolve().parent
+        usable = parent.is_dir() and not path.is_dir() and os.access(parent, os.W_OK)
+        why = "" if usable else "; allowed: a file in an existing directory you can write"
+        if usable and len(path.name.encode()) > 250:  # room for the .tmp beside it
+            why = f"; allowed: a file name of at most 250 bytes (this one has " \
+                  f"{len(path.name.encode())})"
+    except OSError as exc:  # a path longer than the system takes
+        why = f": {exc.strerror or exc}; allowed: a file in an existing directory you can write"
+    if why:
+        raise UsageError(f"--save: cannot write {shown}{why}")
 
 
 def _save(report: dict, path: Path) -> None:
@@ -91,8 +121,13 @@ def _save(report: dict, path: Path) -> None:
         tmp.write_text(json.dumps(report, indent=2) + "\n")
         tmp.replace(path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"--save: cannot write {path}: {exc.strerror or exc}; allowed: a "
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        text = str(path)
+        shown = text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+        raise UsageError(f"--save: cannot write {shown}: {exc.strerror or exc}; allowed: a "
                          "file in an existing directory you can write") from None
 
 

@@ -94,10 +94,11 @@ def study_threads(points: list[int],
 def parse_points(text: str, flag: str) -> list[int]:
     try:
         points = [int(part) for part in text.split(",")]
-    except ValueError:
+    except ValueError:  # '' included: an empty list is no study
         points = []
     if not points or min(points) < 1 or len(set(points)) != len(points):
-        raise UsageError(f"{flag}: {text!r} is not a list of distinct positive integers "
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        raise UsageError(f"{flag}: {shown!r} is not a list of distinct positive integers "
                          "(e.g. 1,2,4)")
     return sorted(points)
 
@@ -202,7 +203,8 @@ def cmd_scale(ns: argparse.Namespace) -> int:
     
     flags = {k: v for k, v in vars(ns).items() if v is not None}
     check_mode(flags)
-    points = parse_points(ns.nprocs or ns.nodes, "--nprocs" if ns.nprocs else "--nodes")
+    local = ns.nprocs is not None  # check_mode: exactly one of the two is given
+    points = parse_points(ns.nprocs if local else ns.nodes, "--nprocs" if local else "--nodes")
     peak = parse_peak(ns.peak_flops)
     rounds = parse_rounds(ns.rounds)
     fixed, threads_record = study_threads(points) if ns.nprocs else ({}, {})

@@ -97,6 +97,7 @@ def _preflight(plan, plugins, may_generate_data: bool):
     from ddl.launch.environment import check_strategy_torch, installed_torch
 
     config, site = plan.config, plan.site
+    _check_path_length(Path(config.data_dir), "--data-dir")
     found = installed_torch()
     check_strategy_torch(config.strategy, found.version if found else None)
     if not may_generate_data:
@@ -126,6 +127,8 @@ def _preflight(plan, plugins, may_generate_data: bool):
         _data_ready(workload, data_dir, config, site.name, may_generate_data)
     except PermissionError as exc:  # e.g. a data dir of mode 000: one line, not a traceback
         raise _refused(exc, data_dir, "read") from None
+    except OSError as exc:  # generating a synthetic stand-in on a full disk
+        raise _write_failed(exc, data_dir) from None
     from ddl.worker.setup import check_model_fits
 
     check_model_fits(strategy, context, layout, data_dir)
@@ -151,6 +154,39 @@ def _data_ready(workload, data_dir: Path, config, site: str, may_generate_data: 
               flush=True)
         workload.prepare(data_dir, synthetic=True)
         workload.check_data(data_dir)
+
+
+def _check_path_length(path: Path, flag: str) -> None:
+    """A path the file system cannot take (a name over 255 bytes, a path over 4095) is one
+    line, not an ENAMETOOLONG traceback from the first file written below it."""
+    from ddl.settings.rundir import NAME_MAX, PATH_MAX
+
+    text = str(path)
+    longest = max(Path(text).parts, key=lambda part: len(part.encode()), default="")
+    if len(longest.encode()) > NAME_MAX or len(text.encode()) >= PATH_MAX:
+        raise UsageError(f"{flag}: {_short(text)} ({len(text.encode())} bytes, a name of "
+                         f"{len(longest.encode())}); allowed: names of at most {NAME_MAX} "
+                         f"bytes in a path of less than {PATH_MAX} (the file system's limits)")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+
+
+def _write_failed(exc: OSError, data_dir: Path) -> UsageError:
+    """The data could not be written (ENOSPC, EDQUOT, ...): one line; the writers build a
+    set in a scratch directory beside it and remove it, so nothing half-written is left."""
+    import shutil
+
+    free = ""
+    try:
+        free = f" ({shutil.disk_usage(data_dir).free / 2**20:.1f} MiB free there)"
+    except OSError:
+        pass
+    return UsageError(f"--data-dir: cannot write the data into {_short(str(data_dir))}: "
+                      f"{exc.strerror or exc}{free}; nothing was left half-written; allowed: "
+                      "a directory with room for the data set (free space, or choose "
+                      "another --data-dir)")
 
 
 def _refused(exc: PermissionError, data_dir: Path, needs: str) -> UsageError:
@@ -188,6 +224,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
     plugins = Plugins()
     config = cfg.build(train_flags(ns), {}, plugins).config
+    _check_path_length(Path(config.data_dir), "--data-dir")  # before the workload's imports
     spec = plugins.workload(config.plugin)
     _, preset = cfg.resolve_preset(config, spec)  # --preset: unknown names refused there
     workload = spec.create(preset)
@@ -198,6 +235,8 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
         where = workload.prepare(data_dir, synthetic=ns.synthetic)
     except PermissionError as exc:
         raise _refused(exc, data_dir, "write") from None
+    except OSError as exc:  # a full disk, a quota: the writers leave no half-written set
+        raise _write_failed(exc, data_dir) from None
     # "official" only where ddl knows the data came from a download (the workload's data
     # module); a plugin's own prepare() may generate its data
     if ns.synthetic or workload.is_synthetic(Path(where)):

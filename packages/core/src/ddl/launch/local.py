@@ -27,7 +27,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError
 from ddl.launch import fork_server
 from ddl.worker import crash, socket_folder, threads
-from ddl.worker.control import STOP_FILE
+from ddl.worker.control import STOP_FILE, STOP_SIGNAL_FILE
 from ddl.worker.entry import LAUNCHER_PID, WORKER_NAME, forked
 
 
@@ -70,6 +70,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
     fork_server.start(cpu_only)
     kept = _handlers((signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP,
                       signal.SIGQUIT))
+    _forget_signal(run_dir)  # one a killed launcher left
     forward = _StopForwarder(run_dir)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGUSR1, forward)
@@ -101,6 +102,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
         raise DdlError(_died(first, exc.failures[first].exitcode, len(exc.failures))) from None
     finally:
         _restore(kept)
+        _forget_signal(run_dir)
         agent_dir.cleanup()
         fork_server.end()
         os.environ.pop(crash.LAUNCHER_REPORTS, None)
@@ -171,6 +173,10 @@ class _StopForwarder:
         name = signal.Signals(signum).name
         if self.received > 1:
             raise SignalException(f"second {name}", sigval=signal.SIGTERM)
+        try:  # the workers say the signal this launcher got, not the SIGUSR1 they get
+            (self.run_dir / STOP_SIGNAL_FILE).write_text(name)
+        except OSError:
+            pass
         workers = _worker_pids()
         listening = [pid for pid in workers if _catches_sigusr1(pid)]
         for pid in listening:
@@ -184,6 +190,14 @@ class _StopForwarder:
         # os.write: print() from a signal handler may interrupt a print() in progress
         os.write(2, f"ddl: {name}: the workers stop after their next step and its checkpoint "
                     f"(send {name} again to stop at once)\n".encode())
+
+
+def _forget_signal(run_dir: Path) -> None:
+    """The received signal's name is this launch's alone (_StopForwarder writes it)."""
+    try:
+        (run_dir / STOP_SIGNAL_FILE).unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _stop_then_end(signum: int, frame) -> None:

@@ -46,6 +46,10 @@ MAX_SECONDS = 86400  # timeouts: a day
 #: The shortest --hang-timeout that works: its heartbeat's store connection must come up
 #: within it (0.001 s failed every run with the store's C++ error).
 MIN_HANG_TIMEOUT = 1
+#: Other names for the GPU device (``device = "rocm"`` in a config file; the flag's are
+#: ddl.commands.parser.DEVICE_ALIASES, the same): torch's ROCm build drives AMD GPUs
+#: through the ``cuda`` device type.
+DEVICE_ALIASES = {"rocm": "cuda", "hip": "cuda", "gpu": "cuda"}
 
 
 class RunConfig(BaseModel):
@@ -59,7 +63,8 @@ class RunConfig(BaseModel):
     site: str = Field("auto", description="site profile; 'auto' detects it")
     launcher: Literal["auto", "local", "srun", "torchrun", "torchrun_jsc"] = Field(
         "auto", description="'auto': local processes outside Slurm, the site's style inside")
-    preset: str | None = Field(None, description="workload size preset (default: the course's)")
+    preset: str | None = Field(None, min_length=1,
+                               description="workload size preset (default: the course's)")
     nproc: int | None = Field(None, ge=1, le=MAX_NPROC,
                               description="worker processes per node")
     epochs: int | None = Field(None, ge=1, le=MAX_COUNT)
@@ -161,6 +166,13 @@ class RunConfig(BaseModel):
                                       "the current one)")
         return value
 
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device_alias(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.lower() in DEVICE_ALIASES:
+            return DEVICE_ALIASES[value.lower()]
+        return value
+
     @field_validator("hang_timeout")
     @classmethod
     def _hang_floor(cls, value: float) -> float:
@@ -196,6 +208,12 @@ def load_config_file(path: Path) -> dict[str, Any]:
     if unknown:
         raise UsageError(f"{path}: unknown key {unknown[0]!r}; allowed: "
                          f"{', '.join(sorted(RunConfig.model_fields))}")
+    # The file whole, on its own: a bad value is refused even where a flag overrides that
+    # key (`epochs = "three"` with --epochs 2), since the file is wrong for its next use.
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, RunConfig, where=str(path), key_style="key")) from None
     return data
 
 

@@ -45,7 +45,12 @@ class Candidate:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending: pairs (d, n // d) up to the square root, so a
+    global batch of 10^9 takes 31623 steps, not 10^9."""
+    import math
+
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def layouts(world: int, gpus_per_node: int, *, tp_ok: bool, pp_ok: bool
@@ -77,8 +82,29 @@ def candidates(world: int, gpus_per_node: int, global_batch: int, *, tp_ok: bool
 
 
 def crosses_nodes(layout: ParallelLayout, dim: str, gpus_per_node: int) -> bool:
-    return any(len({rank // gpus_per_node for rank in group}) > 1
-               for group in layout.groups(dim))
+    """Whether some group of ``dim`` holds ranks of two nodes (ranks numbered node by node).
+
+    Arithmetic, not a walk over every rank's group (a plan for 10000 nodes predicts
+    thousands of candidates): a group is ``first + k x stride`` for k < size, so it stays
+    in one node when its first and last rank do; the firsts are ``q x size x stride + r``
+    (r < stride), whose positions within a node repeat after ``gpus_per_node`` values of
+    q."""
+    size = getattr(layout, dim)
+    if size == 1:
+        return False
+    stride = 1
+    for inner in DIMS[DIMS.index(dim) + 1:]:
+        stride *= getattr(layout, inner)
+    span = (size - 1) * stride  # from a group's first rank to its last
+    g = gpus_per_node
+    if span >= g:
+        return True
+    blocks = layout.world_size // (size * stride)
+    for q in range(min(blocks, g)):
+        start = q * size * stride % g  # where the block's first group starts in its node
+        if start + stride - 1 + span >= g:  # the last first rank of the block, plus span
+            return True
+    return False
 
 
 def ring(n: int) -> float:

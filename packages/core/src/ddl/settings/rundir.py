@@ -113,12 +113,14 @@ def create(run_dir: Path, resume: str = "none") -> Path:
             if (run_dir / RESULTS).exists():
                 raise UsageError(f"--resume auto: the run in {run_dir} has already finished "
                                  f"({RESULTS} exists); nothing to resume")
+            _checkpoints_usable(run_dir)
             lock(run_dir)
             _writable(run_dir)
             return run_dir  # an interrupted run: the trainer continues it
         if any((run_dir / name).exists() for name in (RESULTS, MODEL)) or _trained(run_dir):
             raise UsageError(f"--run-dir: {run_dir} already holds a run; choose a new "
                              "directory (nothing there was changed)")
+    _checkpoints_usable(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -126,6 +128,22 @@ def create(run_dir: Path, resume: str = "none") -> Path:
     lock(run_dir)
     _writable(run_dir)
     return run_dir
+
+
+def _checkpoints_usable(run_dir: Path) -> None:
+    """``checkpoints/`` must be a directory and ``checkpoints/latest`` a file (or absent):
+    either the other way round was found only at the first checkpoint, after training ran,
+    as a raw errno line. Refused before anything starts; nothing there is changed."""
+    checkpoints = run_dir / "checkpoints"  # ddl.worker.checkpoint.DIR (no torch here)
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise UsageError(f"--run-dir: {checkpoints} is not a directory, and the run keeps "
+                         "its checkpoints there; allowed: a run directory whose "
+                         "'checkpoints' is a directory or absent (move that file away)")
+    latest = checkpoints / "latest"  # ddl.worker.checkpoint.LATEST
+    if latest.exists() and not latest.is_file():
+        raise UsageError(f"--run-dir: {latest} is not a file, and each checkpoint writes "
+                         "the newest one's name there; allowed: a file or nothing at that "
+                         "path (move it away)")
 
 
 def _writable(run_dir: Path) -> None:

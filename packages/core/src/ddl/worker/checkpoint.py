@@ -117,11 +117,17 @@ def resolve(resume: str, run_dir: Path) -> Path | None:
     if resume == "auto":
         return latest(run_dir)
     path = Path(resume)
-    if _is_complete(path):
-        return path
-    found = latest(path) if path.is_dir() else None
+    shown = resume if len(resume) <= 60 else f"{resume[:40]}...{resume[-12:]}"
+    try:
+        if _is_complete(path):
+            return path
+        found = latest(path) if path.is_dir() else None
+    except OSError as exc:  # a name too long, a directory it may not read: one line
+        raise UsageError(f"--resume: cannot look into {shown} ({len(resume)} characters): "
+                         f"{exc.strerror or exc}; allowed: none, auto, or the path of a "
+                         "checkpoint or run directory") from None
     if found is None:
-        raise UsageError(f"--resume: {resume} is neither a complete checkpoint nor a run "
+        raise UsageError(f"--resume: {shown} is neither a complete checkpoint nor a run "
                          "directory holding one; allowed: none, auto, or such a path")
     return found
 

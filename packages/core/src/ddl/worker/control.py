@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from ddl.contract.world import World
 
 STOP_FILE = "STOP"
+#: Written by a local launcher that passed a signal on as SIGUSR1 (ddl.launch.local): the
+#: name of the signal it received, so the stop line names that one (SIGTERM), not SIGUSR1.
+STOP_SIGNAL_FILE = ".stop-signal"
 _signalled: list[int] = []  # SIGUSR1 received by this process (kept from start-up on)
 
 
@@ -89,6 +92,14 @@ class StepGuard:
             return self.stop_file.exists()
         return False
 
+    def _passed_on(self) -> str | None:
+        """The signal the launcher received, when it passed one on as SIGUSR1."""
+        try:
+            name = (self.stop_file.parent / STOP_SIGNAL_FILE).read_text().strip()
+        except OSError:
+            return None
+        return name if name in signal.Signals.__members__ else None
+
     def after_step(self, loss: torch.Tensor, step: int, epoch: int, batch: int,
                    last_checkpoint: Callable[[], Path | None], force: bool = False
                    ) -> str | None:
@@ -125,8 +136,8 @@ class StepGuard:
                 dist.barrier()
             raise TrainingDiverged(message)
         if flags[-1].item():
-            reason = (signal.Signals(_signalled[0]).name if _signalled
-                      else f"{self.stop_file} found")
+            reason = self._passed_on() or (signal.Signals(_signalled[0]).name if _signalled
+                                           else f"{self.stop_file} found")
             _signalled.clear()  # honoured (an embedding process may train again)
             if self.world.is_main:  # consumed: the suggested --resume auto must not stop again
                 self.stop_file.unlink(missing_ok=True)
