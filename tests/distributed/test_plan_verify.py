@@ -1,7 +1,8 @@
-"""`ddl plan --verify K` (issue 41, item 5) trains the plan's K best layouts on this machine
-and sets what each real run measured beside what the plan predicted: for MNIST on 2 local
-CPU processes, every verified row is the plan's row (same layout, same predictions), the
-run trained that layout, and the measured model state and activations agree with the
+"""`ddl plan --verify K` (issue 41, item 5) trains the plan's K best distinct layouts (issue
+51: the best of each mesh first) on this machine, says whether their measured order is the
+predicted one, and sets what each real run measured beside what the plan predicted: for
+MNIST on 2 local CPU processes, every verified row is the plan's row (same layout, same
+predictions), the run trained that layout, and the measured model state and activations agree with the
 prediction within the acceptance's 5 % and 15 % - numbers that come from the runs'
 results.json, not from the planner (a run's peak resident set, its step time)."""
 
@@ -25,7 +26,17 @@ def test_verify_2_sets_measured_beside_predicted(tmp_path, synthetic_mnist):
     verified = report["verify"]
     assert verified["processes"] == report["world"] == 2 and verified["device"] == "cpu"
     assert len(verified["layouts"]) == 2 and verified["notes"] == []  # real data, 2 fit
-    for plan_row, row in zip(report["fits"], verified["layouts"]):
+    # two distinct meshes (issue 51): the plan's best, then the best of another mesh
+    ranks = [row["plan_rank"] for row in verified["layouts"]]
+    assert ranks[0] == 1 and verified["layouts"][0]["mesh"] != verified["layouts"][1]["mesh"]
+    assert all(report["fits"][r - 1]["mesh"] == report["fits"][0]["mesh"]
+               for r in range(1, ranks[1]))
+    order = verified["order"]
+    assert order["predicted"] == [1, 2] and sorted(order["measured"]) == [1, 2]
+    assert order["matches"] == (order["measured"] == [1, 2])
+    assert order["first_over_fastest"] >= 1.0
+    for row in verified["layouts"]:
+        plan_row = report["fits"][row["plan_rank"] - 1]
         assert row["status"] == "measured", row
         assert row["flags"] == plan_row["flags"] and row["mesh"] == plan_row["mesh"]
         predicted, measured = row["predicted"], row["measured"]

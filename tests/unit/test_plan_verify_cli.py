@@ -81,3 +81,42 @@ def test_measured_reads_results_json_fields():
     for rank in results["memory_per_rank"]:  # a CPU run: no allocator peak
         del rank["device_peak_allocated_bytes"]
     assert plan_verify.measured(results)["peak_source"] == "peak_rss_bytes"
+
+
+def _fit(pp=1, replicate=1, shard=1, ckpt="none", micro=32):
+    return {"mesh": {"pp": pp, "dp_replicate": replicate, "dp_shard": shard, "tp": 1},
+            "micro_batch": micro, "activation_checkpointing": ckpt}
+
+
+def test_verify_chooses_distinct_meshes_before_variants():
+    """Issue 51: `--verify 2` trained one mesh twice (two checkpointing modes). Now the
+    best row of each mesh comes first, variants only when meshes run out."""
+    fits = [_fit(replicate=2), _fit(replicate=2, ckpt="selective"), _fit(shard=2),
+            _fit(replicate=2, micro=16), _fit(pp=2), _fit(shard=2, ckpt="full")]
+    assert plan_verify.choose(fits, 3) == [0, 2, 4]
+    assert plan_verify.choose(fits, 5) == [0, 2, 4, 1, 3]
+    assert plan_verify.choose(fits[:2], 3) == [0, 1]
+
+
+def _timed(rank, step, status="measured"):
+    return {"plan_rank": rank, "status": status,
+            "measured": {"step_s": step} if status == "measured" else None}
+
+
+def test_order_says_whether_measured_matches_predicted():
+    same = plan_verify.order([_timed(1, 0.01), _timed(3, 0.02), _timed(5, 0.03)], "x")
+    assert same["matches"] is True and same["first_over_fastest"] == 1.0
+    assert same["predicted"] == same["measured"] == [1, 2, 3]
+    line = plan_verify.order_line({"order": same})
+    assert line.startswith("order: the measured step times match the plan's order")
+    swapped = plan_verify.order([_timed(1, 0.03), _timed(2, 0.02), _timed(4, 0.01),
+                                 _timed(6, None, "failed")], "predicted step time")
+    assert swapped["matches"] is False and swapped["measured"] == [3, 2, 1]
+    assert swapped["fastest"] == 3 and swapped["first_over_fastest"] == pytest.approx(3.0)
+    assert swapped["left_out"] == [4]
+    line = plan_verify.order_line({"order": swapped})
+    assert "not the plan's #1 < #2 < #3" in line and "ran 200% slower" in line
+    assert "\n" not in line
+    alone = plan_verify.order([_timed(1, 0.01)], "x")
+    assert alone["matches"] is None
+    assert "nothing to compare" in plan_verify.order_line({"order": alone})

@@ -51,7 +51,8 @@ def choose(plan, plugins) -> Any:
               "activation_checkpointing": best["activation_checkpointing"]}
     if best["pipeline_microbatches"]:  # the schedule the prediction assumed
         update["microbatches"] = best["pipeline_microbatches"]
-        update["strategy_options"] = {**config.strategy_options, "schedule": "1f1b"}
+    if best.get("strategy_options"):  # its schedule, FSDP2's mixed precision
+        update["strategy_options"] = {**config.strategy_options, **best["strategy_options"]}
     predicted = {key: best[key] for key in (
         "mesh", "micro_batch", "accumulation", "activation_checkpointing",
         "memory_per_rank_bytes", "model_state_bytes", "activation_bytes", "step_s")}

@@ -168,7 +168,7 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                                precision=computes_in)
         predictions = [plan.predict(c, global_batch) for c in search.candidates(
             world, gpus_per_node, global_batch, tp_ok="tp_plan" in caps,
-            pp_ok="pipeline_splits" in caps)]
+            pp_ok="pipeline_splits" in caps, computes_in=computes_in)]
     if not predictions:
         raise UsageError(f"--global-batch-size: {global_batch} does not split over any "
                          f"data-parallel degree of {world} GPUs; allowed: a multiple of "
@@ -236,11 +236,13 @@ def render(report: dict, top: int) -> str:
 
 
 def _comm_share(p: dict) -> str:
-    """The communication's share of the predicted step (step_time_model, no overlap)."""
+    """The share of the predicted step that waits for communication (step_time_model:
+    what compute does not hide)."""
     timed = p.get("step_time")
     if not timed or not timed["step_s"]:
         return "-"
-    return f"{sum(timed['comm_s'].values()) / timed['step_s']:.0%}"
+    exposed = timed.get("exposed_s", timed["comm_s"])
+    return f"{sum(exposed.values()) / timed['step_s']:.0%}"
 
 
 def _reason(text: str) -> str:

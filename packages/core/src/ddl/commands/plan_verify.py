@@ -22,6 +22,13 @@ deleted afterwards. The numbers come from its results.json, as every run records
 Predicted values are the fullest rank's (the plan's row: most model state + activations);
 measured ones are the rank the run measured fullest by the same sum (``measured.rank``).
 
+Which layouts: K distinct ones - the best row of each mesh in the plan's order first, and
+only when there are fewer meshes than K the next rows (another micro-batch or checkpointing
+mode of a mesh already chosen) - so the runs check the plan's ranking, not one mesh K
+times. After the runs, ``order`` says whether the measured step times put the layouts in
+the plan's order (``matches``), and how much slower than the measured fastest the plan's
+first one ran (``first_over_fastest``).
+
 All of a plan's layouts share one world size (nodes x processes per node), so either this
 machine can run them all or none: a GPU plan needs that many GPUs here, on one node, or a
 Slurm job of the plan's nodes on its site (``ddl plan --verify K --submit`` writes and
@@ -91,7 +98,8 @@ def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path,
     from ddl.commands.plan import _batch_source
 
     fits = report["fits"]
-    chosen = fits[:k]
+    picked = choose(fits, k)
+    chosen = [fits[i] for i in picked]
     notes = []
     srun = srun_prefix(site, report) if site is not None and in_slurm_job(
         site, report["nodes"]) else None
@@ -114,12 +122,69 @@ def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path,
         for i, row in enumerate(chosen):
             _note(f"--verify: layout {i + 1}/{len(chosen)}: ddl train "
                   + " ".join(row["flags"]))
-            layouts.append(measure(row, report, target.device_kind, data,
-                                   Path(tmp) / f"layout-{i + 1}", srun=srun))
+            layouts.append({"plan_rank": picked[i] + 1, **measure(
+                row, report, target.device_kind, data, Path(tmp) / f"layout-{i + 1}",
+                srun=srun)})
     return {"requested": k, "device": target.device_kind, "processes": report["world"],
             "slurm_job": os.environ.get("SLURM_JOB_ID") if srun else None,
             "epochs": EPOCHS, "steps_per_epoch": STEPS, "layouts": layouts,
+            "order": order(layouts, report.get("ranked_by", "the plan's order")),
             "notes": notes, "how": _how(target.device_kind)}
+
+
+def choose(fits: list[dict[str, Any]], k: int) -> list[int]:
+    """Indices of the ``k`` rows of ``fits`` (best first) to verify: the best row of each
+    distinct mesh in the plan's order, then - only if there are fewer meshes than ``k`` -
+    the remaining rows in the plan's order (other micro-batches, checkpointing modes)."""
+    seen: set[tuple] = set()
+    first, rest = [], []
+    for i, row in enumerate(fits):
+        mesh = tuple(sorted(row["mesh"].items()))
+        (rest if mesh in seen else first).append(i)
+        seen.add(mesh)
+    return (first + rest)[:k]
+
+
+def order(layouts: list[dict[str, Any]], ranked_by: str) -> dict[str, Any]:
+    """Whether the measured step times order the verified layouts as the plan ranked them:
+    ``predicted`` and ``measured`` list the layouts' numbers (1-based, as the table)
+    fastest first; ``matches``; ``fastest`` the measured fastest; ``first_over_fastest``
+    the plan's first layout's measured step over the fastest's (1.0: the plan's choice
+    was the fastest). Layouts that did not finish are left out (``left_out``)."""
+    timed = [(i + 1, row) for i, row in enumerate(layouts) if row.get("status") == "measured"
+             and (row.get("measured") or {}).get("step_s")]
+    predicted = [n for n, row in sorted(timed, key=lambda t: t[1].get("plan_rank", t[0]))]
+    measured = [n for n, row in sorted(timed, key=lambda t: t[1]["measured"]["step_s"])]
+    step = {n: row["measured"]["step_s"] for n, row in timed}
+    out: dict[str, Any] = {"ranked_by": ranked_by, "predicted": predicted,
+                           "measured": measured, "matches": None, "fastest": None,
+                           "first_over_fastest": None,
+                           "left_out": [i + 1 for i, row in enumerate(layouts)
+                                        if i + 1 not in step]}
+    if len(timed) >= 2:
+        out.update(matches=predicted == measured, fastest=measured[0],
+                   first_over_fastest=step[predicted[0]] / step[measured[0]])
+    return out
+
+
+def order_line(verified: dict[str, Any]) -> str:
+    """The ``order`` verdict in one line."""
+    o = verified.get("order")
+    if not o or o["matches"] is None:
+        return "order: fewer than 2 layouts with a measured step time; nothing to compare"
+
+    def seq(ns):
+        return " < ".join(f"#{n}" for n in ns)
+
+    if o["matches"]:
+        return (f"order: the measured step times match the plan's order ({seq(o['measured'])}"
+                f", the plan ranked by {o['ranked_by']})")
+    first = o["predicted"][0]
+    slower = ("it was the fastest" if first == o["fastest"] else
+              f"its first (#{first}) ran {o['first_over_fastest'] - 1:.0%} slower than the "
+              f"fastest (#{o['fastest']})")
+    return (f"order: measured {seq(o['measured'])}, not the plan's {seq(o['predicted'])} "
+            f"(ranked by {o['ranked_by']}); {slower}")
 
 
 def srun_prefix(site, report: dict[str, Any]) -> list[str]:
@@ -211,12 +276,13 @@ def render(verified: dict[str, Any]) -> str:
                  f"{verified['device']} processes, {verified['epochs']} epochs x "
                  f"{verified['steps_per_epoch']} steps); predicted / measured on the "
                  "fullest rank")
-    heads = ["#", "mesh", "micro", "accum", "ckpt", "model state", "activations", "peak",
-             "step (s)"]
+    heads = ["#", "plan #", "mesh", "micro", "accum", "ckpt", "model state", "activations",
+             "peak", "step (s)"]
     table = [heads]
     for i, row in enumerate(rows):
         p, m = row["predicted"], row["measured"] or {}
-        table.append([str(i + 1), _mesh(row["mesh"]), str(row["micro_batch"]),
+        table.append([str(i + 1), str(row.get("plan_rank", "-")), _mesh(row["mesh"]),
+                      str(row["micro_batch"]),
                       str(row["accumulation"]), row["activation_checkpointing"],
                       _pair(p["model_state_bytes"], m.get("model_state_bytes"), _bytes),
                       _pair(p["activation_bytes"], m.get("activation_bytes"), _bytes),
@@ -226,6 +292,8 @@ def render(verified: dict[str, Any]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
     lines += [f"  #{i + 1} {row['status']}: {row['why']}" for i, row in enumerate(rows)
               if row["status"] != "measured"]
+    if "order" in verified:
+        lines.append(order_line(verified))
     lines += [f"  {text}" for text in verified["how"] + verified["notes"]]
     return "\n".join(lines) + "\n"
 

@@ -5,7 +5,11 @@ dividing the GPUs of one node (its all-reduces sit inside every layer: they must
 NVLink / Infinity Fabric), tp and pp only where the workload can split that way; every
 split of the global batch into micro-batch x accumulation over the layout's replicas; each
 activation checkpointing mode. Pipelines run 1F1B (GPipe's bubble, less memory) with
-2 x pp micro-batches, or pp where 2 x pp does not divide the micro-batch.
+2 x pp micro-batches, or pp where 2 x pp does not divide the micro-batch. Layouts that
+FSDP2 wraps (any sharding, and replicas beside tp or pp) run, when the plan computes in
+16 bits, with FSDP2's mixed precision: parameters gathered in the compute dtype, gradients
+reduced in fp32 (``param_dtype``, ``reduce_dtype``: torchtitan's defaults), which the
+candidate's flags ask for.
 
 Step time: ddl.settings.step_time_model (compute from FLOPs and the device's rate, an
 alpha-beta model of the collectives, the pipeline bubble; docs/plan.md). What is here counts
@@ -30,6 +34,7 @@ class Candidate:
     accumulation: int
     checkpointing: str
     microbatches: int = 1  # pipeline micro-batches per forward pass (pp > 1)
+    param_dtype: str = "fp32"  # FSDP2's gathered parameters (fp32: no policy)
 
     def mesh(self) -> str:
         """``--mesh`` as ddl train takes it."""
@@ -39,9 +44,23 @@ class Candidate:
         out = ["--mesh", self.mesh(), "--batch-size", str(self.micro_batch),
                "--activation-checkpointing", self.checkpointing]
         if self.layout.pp > 1:
-            out += ["--microbatches", str(self.microbatches),
-                    "--strategy-option", f"schedule={SCHEDULE}"]
+            out += ["--microbatches", str(self.microbatches)]
+        for key, value in self.strategy_options().items():
+            out += ["--strategy-option", f"{key}={value}"]
         return out
+
+    def strategy_options(self) -> dict[str, str]:
+        """The ``--strategy-option``s the prediction assumes."""
+        out = {"schedule": SCHEDULE} if self.layout.pp > 1 else {}
+        if self.param_dtype != "fp32":
+            out.update(param_dtype=self.param_dtype, reduce_dtype="fp32")
+        return out
+
+
+def uses_fsdp(layout: ParallelLayout) -> bool:
+    """Whether ddl's mesh strategy wraps ``layout`` with FSDP2 (ddl_strategies.compose):
+    data parallel beside anything else; replicas alone are DDP."""
+    return layout.dp > 1 and not (layout.dp_shard == layout.tp == layout.pp == 1)
 
 
 def divisors(n: int) -> list[int]:
@@ -66,8 +85,11 @@ def layouts(world: int, gpus_per_node: int, *, tp_ok: bool, pp_ok: bool
 
 
 def candidates(world: int, gpus_per_node: int, global_batch: int, *, tp_ok: bool,
-               pp_ok: bool) -> Iterator[Candidate]:
+               pp_ok: bool, computes_in: str = "fp32") -> Iterator[Candidate]:
+    """``computes_in``: the runs' precision (fp32, bf16, fp16): FSDP2 layouts gather their
+    parameters in it."""
     for layout in layouts(world, gpus_per_node, tp_ok=tp_ok, pp_ok=pp_ok):
+        gather = computes_in if uses_fsdp(layout) else "fp32"
         if global_batch % layout.dp:
             continue
         per_replica = global_batch // layout.dp
@@ -78,7 +100,7 @@ def candidates(world: int, gpus_per_node: int, global_batch: int, *, tp_ok: bool
                 if not m:
                     continue
             for mode in CHECKPOINTING:
-                yield Candidate(layout, micro, per_replica // micro, mode, m)
+                yield Candidate(layout, micro, per_replica // micro, mode, m, gather)
 
 
 def crosses_nodes(layout: ParallelLayout, dim: str, gpus_per_node: int) -> bool:
@@ -121,9 +143,10 @@ def comm_bytes(candidate: Candidate, full_param_bytes: int, tp_bytes_per_sample:
     activations crossing one stage boundary per sample (the gradient comes back)."""
     p, steps = candidate.layout, candidate.accumulation
     local = full_param_bytes / p.tp  # what FSDP and DDP see of a rank's stages
+    gathered = local * (2 if candidate.param_dtype in ("bf16", "fp16") else 4) / 4
     out = {}
-    if p.dp_shard > 1:  # all-gather forward and backward, reduce-scatter: per micro-step
-        out["dp_shard"] = 3 * ring(p.dp_shard) * local * steps
+    if p.dp_shard > 1:  # all-gather forward and backward per micro-step; one reduce-scatter
+        out["dp_shard"] = ring(p.dp_shard) * (2 * gathered * steps + local)
     if p.dp_replicate > 1:  # one all-reduce of (a shard of) the gradients per step
         out["dp_replicate"] = 2 * ring(p.dp_replicate) * local / p.dp_shard
     samples = candidate.micro_batch * steps

@@ -7,10 +7,11 @@ sample (``Workload.flops_per_sample``: forward + backward) x the samples it proc
 the rate it reaches: ``peak x efficiency``, with ``peak`` the site profile's
 ``device_peak_flops`` (or measured: ``ddl.worker.mfu.measure_matmul_peak``) and
 ``efficiency`` an assumed model FLOPs utilisation (0.4 on GPUs) or a measured one. Tensor
-and pipeline parallel split a sample's FLOPs over their degrees; full activation
-checkpointing repeats the forward (x 4/3); ``fixed_s`` is a per-step cost that does not
-grow with the batch (the optimizer's pass over the parameters, the framework's per-operator
-overhead): 0 unless measured (on a CPU it is not small, see ``CpuShare``).
+and pipeline parallel split a sample's FLOPs over their degrees (a pipeline rank: its
+stage's share); activation checkpointing adds what it recomputes (below); ``fixed_s`` is a
+per-step cost that does not grow with the batch (the optimizer's pass over the
+parameters, the framework's per-operator overhead): 0 unless measured (on a CPU it is not
+small, see ``CpuShare``).
 
 CPU ranks. A CPU "device" is the threads a rank computes with. ddl gives each local rank
 ``cores // ranks`` threads (at least one, ``ddl.worker.threads``). The rate of ``t`` threads
@@ -41,23 +42,51 @@ GPUs (``inter_node_bytes_per_s / gpus_per_node``): every GPU of a node runs its 
 the same time.
 
 Per layout, per optimizer step (``accumulation`` micro-steps):
-- DDP (dp_replicate): one all-reduce of the rank's gradients (after FSDP: its shard);
-- FSDP (dp_shard): per micro-step, an all-gather of the parameters in the forward and again
-  in the backward, and a reduce-scatter of the gradients (ZeRO-3; FSDP2 without
-  reshard_after_forward would skip the second all-gather);
+- DDP (dp_replicate alone): one all-reduce of the gradients (fp32: autocast keeps fp32
+  parameters), in 25 MiB buckets that start while the backward still runs;
+- FSDP (dp_shard): per micro-step, an all-gather of each unit's parameters in the forward
+  and again in the backward (``reshard_after_forward``, ddl's default), in the parameter
+  dtype FSDP2's ``MixedPrecisionPolicy`` gathers in (``param_dtype``: ``ddl plan`` runs its
+  16-bit layouts with ``param_dtype`` = the compute dtype, as torchtitan does by default);
+  one reduce-scatter of the gradients per step in ``reduce_dtype`` (fp32), since
+  accumulating micro-steps skip it (ddl.contract.strategy.gradient_sync). HSDP adds one
+  all-reduce of the shard's gradients over dp_replicate, per step, in ``reduce_dtype``;
 - tensor parallel: per block, an all-reduce of the row-parallel layers' outputs in the
   forward and of the column-parallel inputs' gradients in the backward (Megatron-LM,
-  Shoeybi et al. 2019, fig. 3): 2 all-reduces of ``rowwise bytes`` per row-parallel layer;
+  Shoeybi et al. 2019, fig. 3): 2 all-reduces per row-parallel layer and forward pass, each
+  with its own latency, on the intra-node link (tp divides a node's GPUs); full activation
+  checkpointing repeats the forward's (3 per layer);
 - pipeline parallel: each boundary sends the activations forward and their gradients back,
-  point-to-point, per pipeline micro-batch; the step is stretched by the bubble
-  ``(pp-1) / (m + pp-1)`` of GPipe and 1F1B (Narayanan et al. 2021, sec. 2.2), which both
-  ddl schedules have; the interleaved and zero-bubble schedules ddl offers are modelled
-  with the same bubble (an upper bound for them).
+  point-to-point, per pipeline micro-batch; the step is stretched by the schedule's bubble:
+  ``(p-1) / (m + p-1)`` for GPipe and 1F1B, ``(p-1) / (v m + p-1)`` for the interleaved
+  schedules with v stages per rank (Narayanan et al. 2021, sec. 2.2); zero-bubble schedules
+  get the interleaved number (an upper bound for them). Unequal stages: the slowest stage
+  sets the steady state, every stage is passed once in the fill and drain, so a step takes
+  ``((m-1) s_max + 1)`` x one micro-batch's whole-model time, with ``s_max`` the largest
+  stage's share of the FLOPs (equal stages: the formula above).
 
-Overlap: none assumed. The step is compute + communication; DDP's bucketed all-reduce and
-FSDP's prefetch do overlap them on GPUs, so on a GPU the prediction is an upper bound and
-the ranking favours layouts that communicate less. On a CPU with gloo the collectives run
-on the same cores as the compute, so little overlaps there.
+Activation checkpointing costs its recomputed forward: ``recompute`` (the share of the
+forward FLOPs the backward runs again, measured on the meta device by
+ddl.worker.plan_probe.recompute_shares: full = everything inside the checkpointed units,
+selective = their non-matrix ops at one FLOP per output element) adds ``share / 3`` of the
+training FLOPs.
+
+Overlap (GPU ranks; a CPU's gloo collectives run on the cores that compute, so none
+there). FSDP2 issues each unit's all-gather on its own CUDA stream: in the forward the next
+unit's gather runs under the current unit's compute ("implicit prefetching"; the first
+all-gather overlaps nothing: PyTorch docs, notes/fsdp.rst, "FSDP Prefetch Nuances"), and
+in the backward it prefetches the next unit explicitly, in reverse post-forward order
+(pytorch/pytorch#128884); the reduce-scatter of a unit runs while earlier units compute
+their backward. So of ``U`` units' communication, the first unit's gather and the last
+unit's reduction are exposed, and the rest only where it exceeds the compute of that pass:
+
+    exposed = first + last + max(0, rest - compute of the pass)
+
+with the forward's third of a micro-step's compute hiding the forward gathers and the
+backward's two thirds (plus recomputation) the backward's gathers and reductions. DDP's
+bucketed all-reduce overlaps the backward the same way (all but its last bucket; PyTorch
+docs, notes/ddp.rst). Tensor parallel's all-reduces sit between a layer's matrix products
+and are all exposed; so are the pipeline's hand-offs.
 """
 
 from __future__ import annotations
@@ -68,7 +97,7 @@ from dataclasses import dataclass, field
 from ddl.contract.layout import ParallelLayout
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # selective redoes cheap ops only
+RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # assumed where not measured
 ASSUMED_GPU_EFFICIENCY = 0.4  # model FLOPs utilisation assumed on a GPU: ranks, not promises
 
 
@@ -151,50 +180,89 @@ def core_share(cores: int, ranks: int, threads: int) -> float:
 
 @dataclass(frozen=True)
 class StepLayout:
-    """What the model needs of a candidate: its mesh's degrees, batch split, checkpointing."""
+    """What the model needs of a candidate: its mesh's degrees, batch split, checkpointing,
+    and how the run's FSDP and pipeline are set up."""
 
     mesh: ParallelLayout = ParallelLayout()
     micro_batch: int = 1  # samples per replica per forward pass
     accumulation: int = 1
     microbatches: int = 1  # pipeline micro-batches per forward pass
     checkpointing: str = "none"
+    param_dtype: str = "fp32"  # FSDP2's MixedPrecisionPolicy: what its all-gathers move
+    reduce_dtype: str = "fp32"  # ... and its reduce-scatter / HSDP all-reduce
+    reshard_after_forward: bool = True  # FSDP gathers again for the backward
+    schedule: str = "1f1b"  # pipeline schedule (ddl_strategies.pipeline)
+    stages_per_rank: int = 1  # the interleaved and looped schedules' v
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Bytes the layout moves. ``param_bytes``: the parameters one pipeline rank holds
-    before tensor parallel and FSDP split them (gradients are as big); ``rowwise_bytes``:
-    per sample, the outputs of the row-parallel layers tensor parallel all-reduces;
-    ``boundary_bytes``: per sample, the activations crossing one stage boundary."""
+    """What the layout moves and recomputes. ``param_bytes``: the parameters one pipeline
+    rank holds (as stored: fp32) before tensor parallel and FSDP split them (gradients are
+    as big); ``rowwise_bytes``: per sample, the outputs of the row-parallel layers tensor
+    parallel all-reduces, over ``rowwise_layers`` layers (one all-reduce each);
+    ``boundary_bytes``: per sample, the activations crossing one stage boundary;
+    ``units``: FSDP units of a pipeline rank (the workload's ``fsdp_units`` it holds + the
+    root); ``recompute``: per checkpointing mode, the share of the forward FLOPs its
+    backward runs again (missing: :data:`RECOMPUTE`'s assumption); ``stage_shares``: each
+    pipeline stage's share of the FLOPs (empty: equal)."""
 
     param_bytes: float
     rowwise_bytes: float = 0.0
     boundary_bytes: float = 0.0
+    units: int = 1
+    rowwise_layers: int = 0
+    recompute: Mapping[str, float] = field(default_factory=dict)
+    stage_shares: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
 class StepTime:
-    compute_s: float
-    comm_s: dict[str, float]
+    compute_s: float  # the slowest rank's compute, before the bubble
+    comm_s: dict[str, float]  # each dimension's collectives, as if nothing overlapped
     bubble: float
     total_s: float
+    exposed_s: dict[str, float] = field(default_factory=dict)  # what compute cannot hide
 
     def as_dict(self) -> dict:
         return {"step_s": self.total_s, "compute_s": self.compute_s,
-                "comm_s": dict(self.comm_s), "bubble": self.bubble}
+                "comm_s": dict(self.comm_s), "exposed_s": dict(self.exposed_s),
+                "bubble": self.bubble}
 
 
-def bubble(pp: int, microbatches: int) -> float:
-    """Idle share of a GPipe or 1F1B step: (p-1) / (m+p-1)."""
-    return (pp - 1) / (microbatches + pp - 1) if pp > 1 else 0.0
+def bubble(pp: int, microbatches: int, schedule: str = "1f1b", stages_per_rank: int = 1,
+           largest_share: float | None = None) -> float:
+    """Idle share of a pipeline step: (p-1) / (m+p-1) for GPipe and 1F1B, with ``v m``
+    for m under the schedules of ``v`` stages per rank. ``largest_share``: the slowest
+    stage's share of the FLOPs when stages differ (None: 1/p): a step then takes
+    ((m-1) s + 1) micro-batch times where the rank computes m s of them."""
+    if pp <= 1:
+        return 0.0
+    m = max(microbatches, 1) * (stages_per_rank if schedule in MULTI_STAGE else 1)
+    s = largest_share if largest_share else 1 / pp
+    return 1 - m * s / ((m - 1) * s + 1)
+
+
+MULTI_STAGE = ("interleaved1f1b", "looped_bfs", "interleaved_zb")
+
+
+def recompute_share(layout: StepLayout, sizes: Sizes | None = None) -> float:
+    """Share of the forward FLOPs the backward recomputes under the layout's checkpointing."""
+    measured = sizes.recompute if sizes is not None else {}
+    if layout.checkpointing in measured:
+        return measured[layout.checkpointing]
+    return RECOMPUTE[layout.checkpointing] * 3 - 3
 
 
 def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Compute,
-                    local_ranks: int | None = None) -> float:
-    """One rank's compute per optimizer step, before the bubble."""
+                    local_ranks: int | None = None, sizes: Sizes | None = None) -> float:
+    """One rank's compute per optimizer step, before the bubble: the slowest pipeline
+    stage's share (``sizes.stage_shares``; equal: 1/pp), recomputation included."""
     samples = layout.micro_batch * layout.accumulation  # per replica per step
-    flops = flops_per_sample * samples / (layout.mesh.tp * layout.mesh.pp)
-    flops *= RECOMPUTE[layout.checkpointing]
+    shares = sizes.stage_shares if sizes is not None and layout.mesh.pp > 1 else ()
+    share = max(shares) if shares else 1 / layout.mesh.pp
+    flops = flops_per_sample * samples * share / layout.mesh.tp
+    flops *= 1 + recompute_share(layout, sizes) / 3
     rate = compute.peak_flops * compute.efficiency
     fixed = compute.fixed_s
     if not compute.cpu:
@@ -205,49 +273,120 @@ def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Comput
     return (flops / (rate * speed) + fixed) * core_share(compute.cores, ranks, threads)
 
 
-def comm_seconds(layout: StepLayout, sizes: Sizes, network: Network,
-                 crosses: Mapping[str, bool] | None = None) -> dict[str, float]:
-    """Seconds of communication per optimizer step, per mesh dimension. ``crosses``: which
-    dimensions' groups span nodes (default: none)."""
-    crosses = crosses or {}
-    out: dict[str, float] = {}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DDP_BUCKET_BYTES = 25 * 2 ** 20  # DistributedDataParallel's bucket_cap_mb default
+
+
+def _comm(layout: StepLayout, sizes: Sizes, network: Network,
+          crosses: Mapping[str, bool]) -> dict[str, tuple[float, ...]]:
+    """Per dimension the times of its collectives, kept apart where overlap treats them
+    apart: dp_shard (forward gathers, backward gathers, reduce-scatter) per step;
+    dp_replicate (its all-reduce); tp, pp (one number)."""
+    out: dict[str, tuple[float, ...]] = {}
 
     def link(dim: str) -> Link:
         return network.link(bool(crosses.get(dim)))
 
-    mesh = layout.mesh
-    local = sizes.param_bytes / mesh.tp  # what FSDP and DDP see of a rank's stages
-    steps = layout.accumulation
+    mesh, steps = layout.mesh, layout.accumulation
+    local = sizes.param_bytes / mesh.tp  # what FSDP and DDP see of a rank's stages (fp32)
+    gathered = local * DTYPE_BYTES[layout.param_dtype] / 4
+    reduced = local * DTYPE_BYTES[layout.reduce_dtype] / 4
     if mesh.dp_shard > 1:
         ln, p = link("dp_shard"), mesh.dp_shard
-        out["dp_shard"] = steps * (2 * ln.seconds("all_gather", local, p)
-                                   + ln.seconds("reduce_scatter", local, p))
+        gather = ln.seconds("all_gather", gathered, p)
+        out["dp_shard"] = (steps * gather, steps * gather * layout.reshard_after_forward,
+                           ln.seconds("reduce_scatter", reduced, p))
     if mesh.dp_replicate > 1:
-        out["dp_replicate"] = link("dp_replicate").seconds(
-            "all_reduce", local / mesh.dp_shard, mesh.dp_replicate)
+        nbytes = (reduced if mesh.dp_shard > 1 or mesh.tp > 1 or mesh.pp > 1 else local)
+        out["dp_replicate"] = (link("dp_replicate").seconds(
+            "all_reduce", nbytes / mesh.dp_shard, mesh.dp_replicate),)
     if mesh.tp > 1 and sizes.rowwise_bytes:
-        # per forward pass of m samples one all-reduce per row-parallel layer (its output),
-        # and one in the backward; rowwise_bytes sums the layers' outputs per sample
+        # per forward pass of m samples one all-reduce per row-parallel layer (its output)
+        # and one in the backward (full checkpointing: the forward's again)
+        layers = max(sizes.rowwise_layers, 1)
         passes = steps * max(layout.microbatches, 1)
-        per_pass = sizes.rowwise_bytes * layout.micro_batch / max(layout.microbatches, 1)
-        out["tp"] = 2 * passes * link("tp").seconds("all_reduce", per_pass, mesh.tp)
+        per_layer = sizes.rowwise_bytes * layout.micro_batch / max(layout.microbatches, 1) \
+            / layers
+        calls = 3 if layout.checkpointing == "full" else 2
+        out["tp"] = (calls * passes * layers * link("tp").seconds("all_reduce", per_layer,
+                                                                  mesh.tp),)
     if mesh.pp > 1 and sizes.boundary_bytes:
         m = max(layout.microbatches, 1)
         per_message = sizes.boundary_bytes * layout.micro_batch / m
         # a middle stage sends forward and backward, per micro-batch
-        out["pp"] = 2 * steps * m * link("pp").seconds("p2p", per_message, 2)
+        out["pp"] = (2 * steps * m * link("pp").seconds("p2p", per_message, 2),)
+    return out
+
+
+def comm_seconds(layout: StepLayout, sizes: Sizes, network: Network,
+                 crosses: Mapping[str, bool] | None = None) -> dict[str, float]:
+    """Seconds of communication per optimizer step, per mesh dimension, as if none of it
+    overlapped. ``crosses``: which dimensions' groups span nodes (default: none)."""
+    return {dim: sum(parts) for dim, parts in _comm(layout, sizes, network,
+                                                    crosses or {}).items()}
+
+
+def _hidden(comm: float, compute: float, pieces: int, edges: int = 1) -> float:
+    """Exposed part of ``comm`` split in ``pieces`` equal pieces that each run under the
+    compute of a neighbouring piece: the ``edges`` pieces nothing overlaps (the first
+    gather; the last reduction), and what the compute cannot cover of the rest."""
+    if comm <= 0:
+        return 0.0
+    edge = min(comm, edges * comm / max(pieces, 1))
+    return edge + max(0.0, comm - edge - compute)
+
+
+def exposed_seconds(layout: StepLayout, sizes: Sizes, network: Network, busy_s: float,
+                    crosses: Mapping[str, bool] | None = None, overlap: bool = True
+                    ) -> dict[str, float]:
+    """Per dimension, the communication compute does not hide (module docstring:
+    Overlap). ``busy_s``: the rank's compute per step; ``overlap`` False (CPU ranks):
+    all of it."""
+    parts = _comm(layout, sizes, network, crosses or {})
+    if not overlap:
+        return {dim: sum(p) for dim, p in parts.items()}
+    r = recompute_share(layout, sizes)
+    per_micro = busy_s / max(layout.accumulation, 1)
+    forward, backward = per_micro / (3 + r), per_micro * (2 + r) / (3 + r)
+    out = {dim: sum(p) for dim, p in parts.items() if dim in ("tp", "pp")}
+    mesh, steps = layout.mesh, max(layout.accumulation, 1)
+    units = max(sizes.units, 1)
+    ddp = mesh.dp_shard == mesh.tp == mesh.pp == 1
+    fwd_gather, bwd_gather, scatter = parts.get("dp_shard", (0.0, 0.0, 0.0))
+    replicate = parts.get("dp_replicate", (0.0,))[0]
+    if ddp and replicate:  # buckets filled as the last micro-step's backward runs
+        buckets = max(1, -(-int(sizes.param_bytes) // DDP_BUCKET_BYTES))
+        out["dp_replicate"] = _hidden(replicate, backward, buckets)
+        return out
+    # FSDP2 (HSDP; replicate-only under tp or pp is FSDP2 too): per micro-step the
+    # forward's gathers under the forward, the backward's under the backward; the last
+    # micro-step's backward also reduces (reduce-scatter, then HSDP's all-reduce)
+    fwd = steps * _hidden(fwd_gather / steps, forward, units)
+    bwd = (steps - 1) * _hidden(bwd_gather / steps, backward, units)
+    last = bwd_gather / steps + scatter + replicate
+    bwd += _hidden(last, backward, units, edges=2 if bwd_gather and scatter else 1)
+    total = fwd + bwd
+    raw = fwd_gather + bwd_gather + scatter + replicate
+    for dim, own in (("dp_shard", fwd_gather + bwd_gather + scatter),
+                     ("dp_replicate", replicate)):
+        if dim in parts:
+            out[dim] = total * own / raw if raw else 0.0
     return out
 
 
 def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
               sizes: Sizes, network: Network, crosses: Mapping[str, bool] | None = None,
               local_ranks: int | None = None) -> StepTime:
-    """Compute stretched by the pipeline bubble, plus the communication (no overlap)."""
-    busy = compute_seconds(layout, flops_per_sample, compute, local_ranks)
-    b = bubble(layout.mesh.pp, layout.microbatches)
+    """Compute stretched by the pipeline bubble, plus the communication compute does not
+    hide (on a CPU: all of it)."""
+    busy = compute_seconds(layout, flops_per_sample, compute, local_ranks, sizes)
+    shares = sizes.stage_shares if layout.mesh.pp > 1 else ()
+    b = bubble(layout.mesh.pp, layout.microbatches, layout.schedule, layout.stages_per_rank,
+               max(shares) if shares else None)
     comm = comm_seconds(layout, sizes, network, crosses)
-    total = busy / (1 - b) + sum(comm.values())
-    return StepTime(busy, comm, b, total)
+    exposed = exposed_seconds(layout, sizes, network, busy, crosses, overlap=not compute.cpu)
+    total = busy / (1 - b) + sum(exposed.values())
+    return StepTime(busy, comm, b, total, exposed)
 
 
 def fit_alpha_beta(points: list[tuple[str, int, float]], p: int) -> dict[str, float]:

@@ -175,11 +175,15 @@ class Activations:
     """Bytes kept for backward by one forward pass of a micro-batch, per pipeline stage
     (one entry without a pipeline); and what crosses the network with it: the largest
     stage output (a pipeline hand-off) and the outputs of the row-parallel layers (tensor
-    parallel all-reduces them)."""
+    parallel all-reduces them, one call per layer: ``rowwise_layers``). ``stage_flops``:
+    each pipeline stage's forward FLOPs (torch's FlopCounterMode: matrix products and
+    convolutions), which the step-time model's slowest stage is read from."""
 
     per_stage: list[int]
     boundary_bytes: int = 0
     rowwise_bytes: int = 0
+    rowwise_layers: int = 0
+    stage_flops: tuple[float, ...] = ()
 
 
 def _nbytes(tree: Any) -> int:
@@ -208,49 +212,121 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
 
         if device_type not in sync.TORCH_SYNC_DEVICES:
             model, _ = sync.convert(model, torch.device(device_type))
-    rowwise = [0]
+    rowwise = [0, 0]  # bytes, calls
     if tp > 1:
         narrow_for_tp(workload, model, tp)
         styles = planned_modules(model, workload.tp_plan(model))
+
+        def count(_m, _i, out):
+            rowwise[0] += _nbytes(out)
+            rowwise[1] += 1
+
         for module in model.modules():
             if styles.get(id(module)) == "rowwise":
-                module.register_forward_hook(
-                    lambda _m, _i, out: rowwise.__setitem__(0, rowwise[0] + _nbytes(out)))
+                module.register_forward_hook(count)
     units = workload.fsdp_units(model)
     if checkpointing != "none":
         activation_checkpointing.apply(units, checkpointing)
     with autocast_probe.fake_device(model, (inputs, targets), precision,
                                     "cpu" if device_type == "cpu" else "cuda") as batch:
-        return _forward(workload, model, *batch, n_stages, rowwise)
+        return _forward(workload, model, *batch, n_stages, rowwise,
+                        count_flops=checkpointing == "none")
 
 
 def _forward(workload: Workload, model: nn.Module, inputs: Any, targets: Any, n_stages: int,
-             rowwise: list[int]) -> Activations:
-    """One forward of the micro-batch (and the loss) under the meter, per stage."""
+             rowwise: list[int], count_flops: bool = True) -> Activations:
+    """One forward of the micro-batch (and the loss) under the meter, per stage; with
+    ``count_flops`` each stage's FLOPs too (torch's counter does not see into selective
+    checkpointing's own dispatch mode, so only probes without checkpointing count)."""
+    import contextlib
+
     model.train()
     if n_stages == 1:
         meter = SavedTensorMeter()
         with meter.measure():
             workload.loss(workload.forward(model, inputs), targets)
-        return Activations([meter.peak_bytes], rowwise_bytes=rowwise[0])
+        return Activations([meter.peak_bytes], rowwise_bytes=rowwise[0],
+                           rowwise_layers=rowwise[1])
     stages = workload.pipeline_stages(model, n_stages)
     args = tuple(inputs.values()) if isinstance(inputs, dict) else (inputs,)
-    per_stage, boundary = [], 0
+    from torch.utils.flop_counter import FlopCounterMode
+
+    per_stage, boundary, flops = [], 0, []
     for i, stage in enumerate(stages):
         stage.train()
         # a stage's inputs arrive from its neighbour as fresh tensors that need gradients
         args = tuple(a.detach().requires_grad_(a.is_floating_point()) if i else a
                      for a in args)
         meter = SavedTensorMeter()
-        with meter.measure():
+        counter = FlopCounterMode(display=False) if count_flops else None
+        with meter.measure(), counter or contextlib.nullcontext():
             out = stage(*args)
             if i == n_stages - 1:
                 workload.loss(out, targets)
         per_stage.append(meter.peak_bytes)
+        if counter is not None:
+            flops.append(float(counter.get_total_flops()))
         args = out if isinstance(out, tuple) else (out,)
         if i < n_stages - 1:
             boundary = max(boundary, _nbytes(args))
-    return Activations(per_stage, boundary, rowwise[0])
+    return Activations(per_stage, boundary, rowwise[0], rowwise[1], tuple(flops))
+
+
+def recompute_shares(workload: Workload, model: nn.Module, inputs: Any, targets: Any
+                     ) -> dict[str, float]:
+    """The share of a forward pass's FLOPs that each activation checkpointing mode runs
+    again in the backward (the step-time model's ``Sizes.recompute``), from one forward
+    of ``model`` (on the meta device, consumed) without checkpointing: every op counted,
+    matrix products and convolutions by torch's FLOP formulas
+    (torch.utils.flop_counter), any other op at one FLOP per output element. ``full``
+    recomputes every op inside the workload's checkpointed units (``fsdp_units``);
+    ``selective`` only their ops outside ddl's save list (ddl.worker.
+    activation_checkpointing: norms, activations, dropout, additions)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.flop_counter import flop_registry
+
+    save = {op.overloadpacket for op in activation_checkpointing._SAVE}
+    depth = [0]
+    total = {"all": 0.0, "full": 0.0, "selective": 0.0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            packet = func._overloadpacket
+            if packet in flop_registry:
+                flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+            else:
+                flops = float(sum(t.numel() for t in tree_flatten(out)[0]
+                                  if isinstance(t, torch.Tensor)))
+            total["all"] += flops
+            if depth[0]:
+                total["full"] += flops
+                if packet not in save:
+                    total["selective"] += flops
+            return out
+
+    def enter(*_):
+        depth[0] += 1
+
+    def leave(*_):
+        depth[0] -= 1
+
+    handles = []
+    for unit in workload.fsdp_units(model):
+        handles += [unit.register_forward_pre_hook(enter), unit.register_forward_hook(leave)]
+    model.train()
+    try:
+        with Count():
+            workload.loss(workload.forward(model, inputs), targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not total["all"]:
+        return {}
+    return {"none": 0.0, "selective": total["selective"] / total["all"],
+            "full": total["full"] / total["all"]}
 
 
 #: torch.distributed.pipelining's classes of the schedules with several stages per rank

@@ -59,7 +59,7 @@ class Prediction:
                 "model_state_bytes": self.model_state_bytes,
                 "activation_bytes": self.activation_bytes, "step_s": self.step_s,
                 "comm_bytes_per_step": self.comm_bytes, "step_time": self.step_time,
-                "flags": c.flags(),
+                "strategy_options": c.strategy_options(), "flags": c.flags(),
                 "dropped": self.dropped}
 
 
@@ -93,13 +93,28 @@ class Planner:
         return None
 
     @cache  # noqa: B019
-    def model_states(self, layout: ParallelLayout) -> tuple[list[dict[str, int]], int]:
-        """Per rank model state, and the full parameter bytes of the largest pp rank."""
+    def model_states(self, layout: ParallelLayout) -> tuple[list[dict[str, int]], int, int]:
+        """Per rank model state, the full parameter bytes of the largest pp rank, and the
+        most FSDP units a pp rank holds (the workload's ``fsdp_units`` in its stages + the
+        root each stage is wrapped as)."""
         states = probe.model_state_per_rank(self.workload, self._copy(), layout, self.cost)
-        parts = probe.stage_parts(self.workload, self._copy(), layout)
+        model = self._copy()
+        units = {id(u) for u in self.workload.fsdp_units(model)}
+        parts = probe.stage_parts(self.workload, model, layout)
         full = max(sum(p.itemsize * _numel(p.shape) for p in probe.held_params(ps, {}))
                    for ps in parts)
-        return states, full
+        held = max(sum(1 for part in ps for m in part.modules() if id(m) in units) + len(ps)
+                   for ps in parts)
+        return states, full, held
+
+    @cache  # noqa: B019
+    def recompute(self) -> dict[str, float]:
+        """Share of the forward FLOPs each checkpointing mode recomputes (plan_probe)."""
+        inputs, targets = probe.sample_batch(self.workload, self.batch_source, 2)
+        try:
+            return probe.recompute_shares(self.workload, self._copy(), inputs, targets)
+        except Exception:  # noqa: BLE001 - an op the counter cannot run: the assumption
+            return {}
 
     @cache  # noqa: B019
     def _probe(self, tp: int, pp: int, checkpointing: str, size: int) -> probe.Activations:
@@ -128,7 +143,8 @@ class Planner:
             one = probe.Activations(
                 [2 * a - b for a, b in zip(two.per_stage, three.per_stage)],
                 boundary_bytes=three.boundary_bytes - two.boundary_bytes,
-                rowwise_bytes=three.rowwise_bytes - two.rowwise_bytes)
+                rowwise_bytes=three.rowwise_bytes - two.rowwise_bytes,
+                rowwise_layers=two.rowwise_layers, stage_flops=two.stage_flops)
             return one, two, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
     def stage_bytes(self, tp: int, pp: int, checkpointing: str, size: int
@@ -148,7 +164,7 @@ class Planner:
         if per_forward == 1 and single:
             out.dropped = f"one sample per forward pass cannot train: {single}"
             return out
-        states, full = self.model_states(layout)
+        states, full, units = self.model_states(layout)
         stages, one = self.stage_bytes(layout.tp, layout.pp, c.checkpointing, per_forward)
         worst = None
         for rank, state in enumerate(states):
@@ -165,9 +181,16 @@ class Planner:
         out.comm_bytes = search.comm_bytes(c, full, one.rowwise_bytes,
                                            one.boundary_bytes)
         if d.peak_flops and self.flops and d.intra_bytes_per_s and d.inter_bytes_per_s:
+            # the stages' FLOPs from the probe without checkpointing (torch's counter
+            # does not see into selective checkpointing's own dispatch mode)
+            flops = self._line(layout.tp, layout.pp, "none")[0].stage_flops \
+                if layout.pp > 1 else ()
+            shares = tuple(f / sum(flops) for f in flops) if flops and sum(flops) else ()
+            sizes = stm.Sizes(full, one.rowwise_bytes, one.boundary_bytes, units=units,
+                              rowwise_layers=one.rowwise_layers, recompute=self.recompute(),
+                              stage_shares=shares)
             timed = stm.step_time(
-                step_layout(c), self.flops, stm.Compute(d.peak_flops),
-                stm.Sizes(full, one.rowwise_bytes, one.boundary_bytes), network(d),
+                step_layout(c), self.flops, stm.Compute(d.peak_flops), sizes, network(d),
                 {dim: search.crosses_nodes(layout, dim, d.gpus_per_node)
                  for dim in ("dp_replicate", "dp_shard", "tp", "pp")})
             out.step_s, out.step_time = timed.total_s, timed.as_dict()
@@ -175,8 +198,11 @@ class Planner:
 
 
 def step_layout(c: search.Candidate) -> stm.StepLayout:
+    options = c.strategy_options()
     return stm.StepLayout(c.layout, c.micro_batch, c.accumulation, c.microbatches,
-                          c.checkpointing)
+                          c.checkpointing, param_dtype=options.get("param_dtype", "fp32"),
+                          reduce_dtype=options.get("reduce_dtype", "fp32"),
+                          schedule=options.get("schedule", search.SCHEDULE))
 
 
 def network(d: Device) -> stm.Network:
