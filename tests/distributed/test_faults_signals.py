@@ -111,6 +111,7 @@ def test_sigterm_and_sigusr1_stop_cleanly_with_a_checkpoint(tmp_path, synthetic_
     assert "Traceback" not in out + err and "SignalException" not in out + err
     stopped = [line for line in out.splitlines() if "stopped after step" in line]
     assert len(stopped) == 1 and "--resume auto" in stopped[0], out
+    assert f"({sig.name})" in stopped[0], out  # the signal received, not the one passed on
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     assert latest in stopped[0]  # the checkpoint written on the way out
     assert f"ddl: {sig.name}:" in err and len(err.strip().splitlines()) == 1, err

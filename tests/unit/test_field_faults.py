@@ -241,11 +241,11 @@ def test_empty_and_ignored_values_are_refused(capsys, tmp_path, monkeypatch, arg
 
 
 @pytest.mark.parametrize("line, needles", [
-    ('epochs = "three"', ["epochs: Input should be a valid integer (got 'three')"]),
-    ("nproc = 1.5", ["nproc: Input should be a valid integer (got 1.5)"]),
-    ("epochs = -1", ["epochs: Input should be greater than or equal to 1 (got -1)"]),
-    ("epochs = [1,2]", ["epochs: Input should be a valid integer"]),
-    ('preset = ""', ["preset: String should have at least 1 character"]),
+    ('epochs = "three"', ["--epochs: Input should be a valid integer (got 'three')"]),
+    ("nproc = 1.5", ["--nproc: Input should be a valid integer (got 1.5)"]),
+    ("epochs = -1", ["--epochs: Input should be greater than or equal to 1 (got -1)"]),
+    ("epochs = [1,2]", ["--epochs: Input should be a valid integer"]),
+    ('preset = ""', ["--preset: String should have at least 1 character"]),
 ])
 def test_a_config_file_is_validated_whole_even_under_a_flag(capsys, tmp_path, monkeypatch,
                                                             line, needles):

@@ -213,7 +213,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
     try:
         RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(one_line(exc, RunConfig, where=str(path), key_style="key")) from None
+        raise UsageError(one_line(exc, RunConfig, where=str(path))) from None
     return data
 
 
