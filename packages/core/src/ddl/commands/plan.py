@@ -168,7 +168,9 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                                precision=computes_in)
         predictions = [plan.predict(c, global_batch) for c in search.candidates(
             world, gpus_per_node, global_batch, tp_ok="tp_plan" in caps,
-            pp_ok="pipeline_splits" in caps, computes_in=computes_in)]
+            pp_ok="pipeline_splits" in caps,
+            # FSDP2 gathers in the compute dtype on GPUs; a CPU run keeps ddl's fp32
+            computes_in=computes_in if device.kind != "cpu" else "fp32")]
     if not predictions:
         raise UsageError(f"--global-batch-size: {global_batch} does not split over any "
                          f"data-parallel degree of {world} GPUs; allowed: a multiple of "

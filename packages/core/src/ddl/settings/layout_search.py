@@ -6,8 +6,8 @@ NVLink / Infinity Fabric), tp and pp only where the workload can split that way;
 split of the global batch into micro-batch x accumulation over the layout's replicas; each
 activation checkpointing mode. Pipelines run 1F1B (GPipe's bubble, less memory) with
 2 x pp micro-batches, or pp where 2 x pp does not divide the micro-batch. Layouts that
-FSDP2 wraps (any sharding, and replicas beside tp or pp) run, when the plan computes in
-16 bits, with FSDP2's mixed precision: parameters gathered in the compute dtype, gradients
+FSDP2 wraps (any sharding, and replicas beside tp or pp) run, when a GPU plan computes
+in 16 bits, with FSDP2's mixed precision: parameters gathered in the compute dtype, gradients
 reduced in fp32 (``param_dtype``, ``reduce_dtype``: torchtitan's defaults), which the
 candidate's flags ask for.
 
