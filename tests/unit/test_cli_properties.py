@@ -260,7 +260,8 @@ def _with_config(argv: list[str], scratch: Path, config: bytes) -> list[str]:
 
 
 def _help_asked(args: list[str]) -> bool:
-    return any(re.match(r"--h(e(lp?)?)?($|=)", a) for a in args)
+    # exactly -h or --help: the parsers take no abbreviations (issue 52), so --he is refused
+    return any(a in ("-h", "--help") for a in args)
 
 
 @SETTINGS
