@@ -178,6 +178,18 @@ def test_scale_with_an_empty_list(capsys, flag):
               f"{flag}: '' is not a list of distinct positive integers")
 
 
+@pytest.mark.parametrize("output", ["a-file", "a-file/sub"])
+def test_report_into_a_file_is_one_line(capsys, tmp_path, monkeypatch, output):
+    """`ddl report RUN --output FILE` was a FileExistsError (NotADirectoryError) traceback."""
+    from report_runs import write_run
+
+    monkeypatch.chdir(tmp_path)
+    write_run(tmp_path / "run", ranks=1, epochs=2)
+    (tmp_path / "a-file").write_text("kept")
+    _one_line(capsys, main(["report", "run", "--output", output]), output, "allowed:")
+    assert (tmp_path / "a-file").read_text() == "kept"
+
+
 def test_a_file_refusal_no_command_words_is_still_one_line(capsys, tmp_path, monkeypatch):
     """The CLI's backstop (ddl.commands.cli): `ddl report RUN --output FILE`, whose
     command has no words for it, was a FileExistsError traceback."""
