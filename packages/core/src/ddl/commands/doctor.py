@@ -208,9 +208,12 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
     them next to the site profile's intra-node numbers (ddl.worker.collective_probe)."""
     import json
 
+    from ddl.commands.flags import check_whole
     from ddl.contract.plugins import Plugins
+    from ddl.settings.config import MAX_NPROC
     from ddl.settings.sites import detect_site, get_site
 
+    check_whole("--nproc", nproc, MAX_NPROC)  # as ddl train: not 10^20 processes started
     if nproc is not None and nproc < 2:
         raise UsageError(f"--nproc: {nproc}; allowed: 2 or more (a collective needs two "
                          "processes)")
