@@ -151,7 +151,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     from ddl_strategies.shorthands import Pipeline
 
     world = init_world("cpu", "cpu", "gloo")
-    strategy = Pipeline({"schedule": schedule})
+    strategy = Pipeline({"schedule": schedule, "bubble_steps": str(settings.steps)})
     # interleaved schedules hold v stages per rank: one equal block per stage
     v = schedule_choice(strategy.options)[1]
     workload = _toy_workload(replace(settings, stages=settings.stages * v))
@@ -172,7 +172,9 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
         inputs = torch.randn(batch, settings.boundary or settings.width,
                              generator=generator).requires_grad_()
         before = time.process_time()
-        strategy.train_step(model, (inputs, inputs), run, optimizer, precision)
+        optimizer.zero_grad(set_to_none=True)  # the trainer's step (ddl.worker.step)
+        strategy.forward_backward(model, [(inputs, inputs)], run, precision)
+        precision.step(optimizer)
         if step == 0 and settings.start_together:
             _wait_for_the_others(settings.start_together, rank)
         if step:  # the pipeline leaves the first step out as well
@@ -185,7 +187,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     share = cpu / pipe.busy if pipe.busy else float("nan")
     report["cpu_per_busy_second_per_rank"] = [None] * world.size
     torch.distributed.all_gather_object(report["cpu_per_busy_second_per_rank"], share)
-    report["busy_s_per_step"] = pipe.busy / max(pipe.steps - 1, 1)
+    report["busy_s_per_step"] = pipe.busy / max(pipe.measured, 1)
     if rank == 0:
         out.write_text(json.dumps(report))
     torch.distributed.destroy_process_group()

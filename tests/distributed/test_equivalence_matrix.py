@@ -373,6 +373,8 @@ def test_matches_one_process(tmp_path, data_dirs, references, noise_references, 
     assert one["steps_per_epoch"] == many["steps_per_epoch"] == 3
     if strategy == "pp":
         assert many["strategy_report"]["schedule"] == label.split(":")[1]
+        # steps 2 and 3 timed the bubble between barriers; the first step never does
+        assert many["strategy_report"]["bubble_steps"] == 2
 
     initial = _initial_weights(setup, data_dirs[setup.workload])
     _assert_trained_and_same(got, want, initial, setup.adam, noise_references(setup_name))

@@ -1,6 +1,8 @@
 """The core's layers hold: commands > launch > worker > settings > contract, each importing
-only those below it. Checked with the real import-linter against pyproject.toml's contract,
-and shown able to fail: a copy of the core with one planted upward import is refused."""
+only those below it; ddl's own plugins import only the contract, as a third party's do.
+Checked with the real import-linter against pyproject.toml's contracts, and shown able to
+fail: a copy of the core with one planted upward import, or of a plugin with a planted
+import of the worker, is refused."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def _lint(cwd: Path, source_root: Path) -> subprocess.CompletedProcess:
 def test_the_layer_contract_is_kept():
     proc = _lint(REPO, CORE.parent)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 kept, 0 broken" in proc.stdout
+    assert "2 kept, 0 broken" in proc.stdout
 
 
 @pytest.mark.parametrize("module, upward", [
@@ -47,6 +49,23 @@ def test_a_planted_upward_import_breaks_the_contract(tmp_path, module, upward):
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     proc = _lint(tmp_path, tmp_path / "src")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "BROKEN" in proc.stdout and "0 kept, 1 broken" in proc.stdout
+    # the layers contract breaks (and, below the worker, the plugins' one with it: a plugin
+    # importing the contract would reach the worker through it)
+    assert "contract BROKEN" in proc.stdout, proc.stdout
     planted = "ddl." + module.removesuffix(".py").replace("/", ".")
     assert planted in proc.stdout, proc.stdout
+
+
+def test_a_plugin_importing_the_worker_breaks_the_contract(tmp_path):
+    """ddl_strategies' pipeline once imported ddl.worker.precision (issue 50)."""
+    strategies = REPO / "packages" / "plugins" / "strategies" / "src" / "ddl_strategies"
+    copy = tmp_path / "src" / "ddl_strategies"
+    shutil.copytree(strategies, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "pipeline.py"
+    target.write_text(target.read_text() + "\n\ndef _planted():\n"
+                      "    from ddl.worker.precision import resolve\n")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    proc = _lint(tmp_path, f"{tmp_path / 'src'}:{CORE.parent}")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 kept, 1 broken" in proc.stdout, proc.stdout
+    assert "ddl_strategies.pipeline -> ddl.worker.precision" in proc.stdout, proc.stdout

@@ -132,11 +132,11 @@ def _preflight(plan, plugins, may_generate_data: bool):
     from ddl.worker.setup import check_model_fits
 
     check_model_fits(strategy, context, layout, data_dir)
-    from ddl.worker.precision import resolve as resolve_precision
     from ddl.worker.setup import resolved_of
 
-    precision = resolve_precision(config.precision, stand_in.device)
-    return plan.model_copy(update={"resolved": resolved_of(layout, context, precision)})
+    # build() decided the precision for this device kind (auto: bf16 or fp16 on GPUs)
+    return plan.model_copy(update={"resolved": resolved_of(layout, context,
+                                                            context.precision)})
 
 
 def _data_ready(workload, data_dir: Path, config, site: str, may_generate_data: bool) -> None:

@@ -9,10 +9,11 @@ calls, and one object could serve any number of runs.
 
 The trainer calls, in order: :meth:`~Strategy.resolve_layout` and :meth:`~Strategy.check`
 (before anything is built; the CLI's pre-flight runs them too, and
-:meth:`~Strategy.check_model` on a meta-device model), :meth:`~Strategy.wrap`, then
-:meth:`~Strategy.train_step` per batch, :meth:`~Strategy.eval_step` for evaluation and
-:meth:`~Strategy.full_state_dict` to export the trained weights. The strategies ddl ships
-are one recipe, ``ddl_strategies.compose``.
+:meth:`~Strategy.check_model` on a meta-device model), :meth:`~Strategy.wrap`, then per
+optimizer step :meth:`~Strategy.forward_backward` and :meth:`~Strategy.clip_gradients`
+(the trainer owns the step around them: ddl.worker.step), :meth:`~Strategy.eval_step` for
+evaluation and :meth:`~Strategy.full_state_dict` to export the trained weights. The
+strategies ddl ships are one recipe, ``ddl_strategies.compose``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class StrategyContext:
     workload: Workload
     microbatches: int | None = None  # --microbatches as given (pipelines)
     clip_grad_norm: float | None = None  # --clip-grad-norm
-    precision: str = "fp32"  # --precision as given ("auto" resolves per device)
+    precision: str = "fp32"  # the run's: fp32, bf16 or fp16 (auto decided by the run plan)
     #: The run's DeviceMesh (ddl.worker.mesh): the layout's four named dimensions, built
     #: once by the worker. None before workers start (the pre-flight) and for callers
     #: that build no mesh.
@@ -165,31 +166,20 @@ class Strategy(ABC):
         """Called once the optimizer exists (built on the wrapped model's parameters)."""
         return optimizer
 
-    def train_step(self, model: nn.Module, batch: tuple[Any, Any], run: StrategyContext,
-                   optimizer: torch.optim.Optimizer, precision: Precision
-                   ) -> tuple[Any, ...]:
-        """Forward, backward, optimizer step; returns (detached mean loss, outputs) and,
-        where ``--clip-grad-norm`` clipped, the global gradient norm before clipping as a
-        third element."""
-        loss, outputs, norm = self.train_steps(model, [batch], run, optimizer, precision)
-        return loss, outputs[0], norm
+    def forward_backward(self, model: nn.Module, batches: list[tuple[Any, Any]],
+                         run: StrategyContext, precision: Precision) -> tuple[Any, list[Any]]:
+        """Forward and backward over an optimizer step's micro-batches (one, or several
+        with gradient accumulation), leaving in the parameters' ``.grad`` the gradients of
+        their mean loss, synchronised over the replicas. The trainer owns the rest of the
+        step (ddl.worker.step: zero_grad before, clipping, the optimizer and the
+        learning-rate schedule after); a strategy never calls the optimizer. Returns
+        (detached mean loss, outputs per micro-batch: None where a rank computes none).
 
-    def check_accumulation(self, run: StrategyContext, steps: int) -> None:
-        """Raise UsageError if this strategy cannot accumulate gradients over ``steps``
-        micro-batches per optimizer step (the batch flags asked for it). The default
-        :meth:`train_steps` can, on plain, DDP and FSDP2 models."""
-
-    def train_steps(self, model: nn.Module, batches: list[tuple[Any, Any]],
-                    run: StrategyContext, optimizer: torch.optim.Optimizer,
-                    precision: Precision) -> tuple[Any, list[Any], Any]:
-        """One optimizer step over several micro-batches (gradient accumulation): each runs
-        forward and backward with its loss divided by their number, so the summed
-        gradients are those of their mean loss; replicas synchronise gradients on the last
-        one only (:func:`gradient_sync`). Returns (mean loss, outputs per micro-batch, the
-        gradient norm before clipping or None)."""
+        Default: each micro-batch's loss divided by their number, so the summed gradients
+        are those of their mean loss; replicas synchronise on the last one only
+        (:func:`gradient_sync`). A pipeline runs its schedule instead."""
         import torch
 
-        optimizer.zero_grad(set_to_none=True)
         losses, outputs = [], []
         for i, (inputs, targets) in enumerate(batches):
             with gradient_sync(model, i == len(batches) - 1):
@@ -199,9 +189,34 @@ class Strategy(ABC):
                 precision.backward(loss / len(batches) if len(batches) > 1 else loss)
             losses.append(loss.detach())
             outputs.append(out)
+        return torch.stack(losses).mean(), outputs
+
+    def check_accumulation(self, run: StrategyContext, steps: int) -> None:
+        """Raise UsageError if this strategy cannot accumulate gradients over ``steps``
+        micro-batches per optimizer step (the batch flags asked for it). The default
+        :meth:`forward_backward` can, on plain, DDP and FSDP2 models."""
+
+    def train_steps(self, model: nn.Module, batches: list[tuple[Any, Any]],
+                    run: StrategyContext, optimizer: torch.optim.Optimizer,
+                    precision: Precision) -> tuple[Any, list[Any], Any]:
+        """Deprecated (goes in contract 2.1): one whole optimizer step, as the trainer now
+        runs it itself (ddl.worker.step). Override :meth:`forward_backward` (and
+        :meth:`clip_gradients`) instead; a strategy that still overrides this method (or
+        :meth:`train_step`) is called the old way, with a warning. Returns (mean loss,
+        outputs per micro-batch, the gradient norm before clipping or None)."""
+        optimizer.zero_grad(set_to_none=True)
+        loss, outputs = self.forward_backward(model, batches, run, precision)
         norm = self.clip_gradients(model, run, optimizer, precision)
         precision.step(optimizer)
-        return torch.stack(losses).mean(), outputs, norm
+        return loss, outputs, norm
+
+    def train_step(self, model: nn.Module, batch: tuple[Any, Any], run: StrategyContext,
+                   optimizer: torch.optim.Optimizer, precision: Precision
+                   ) -> tuple[Any, ...]:
+        """Deprecated (goes in contract 2.1), as :meth:`train_steps`, for one batch:
+        (detached mean loss, outputs, the gradient norm before clipping or None)."""
+        loss, outputs, norm = self.train_steps(model, [batch], run, optimizer, precision)
+        return loss, outputs[0], norm
 
     def clip_gradients(self, model: nn.Module, run: StrategyContext,
                        optimizer: torch.optim.Optimizer, precision: Precision) -> Any:

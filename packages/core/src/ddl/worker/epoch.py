@@ -1,8 +1,8 @@
 """One epoch: its optimizer steps, then validation and the epoch's record.
 
 ``train_epoch`` runs the steps from batch ``position`` (non-zero when resuming inside an
-epoch): each step goes through the strategy, which knows how its parallelism runs forward,
-backward and the optimizer. Between steps it reports progress (ddl.worker.observers: the
+epoch): each is ``ddl.worker.step.optimizer_step`` (zero_grad, the strategy's forward and
+backward, clipping, the optimizer, the lr schedule). Between steps it reports progress (ddl.worker.observers: the
 progress bar or line, the live state ``ddl watch`` reads, TensorBoard), writes the
 ``--checkpoint-every`` checkpoints and asks the step guard whether to stop (a signal, a stop
 file, a non-finite loss); a stop leaves a checkpoint to resume from. ``validate`` evaluates
@@ -27,6 +27,7 @@ from ddl.worker.metrics import MetricSums
 from ddl.worker.observers import Observers
 from ddl.worker.profiling import StepProfiler
 from ddl.worker.setup import Run
+from ddl.worker.step import optimizer_step
 from ddl.worker.step_breakdown import StepBreakdown
 
 
@@ -72,13 +73,12 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
             # one Python call per saved tensor: not on every step)
             meter = run.saved_tensors if run.saved_tensors and i - position < 2 else None
             with meter.measure() if meter else contextlib.nullcontext():
-                loss, outputs, clipped = _step(run, micro)
+                loss, outputs, clipped = optimizer_step(run, micro)
             breakdown.stepped()
             if run.step == 0 and run.config.compile:
                 run.first_step_s = time.perf_counter() - t_fetch
             if clipped is not None:  # --clip-grad-norm: the norm before clipping, kept on
                 norms.append(clipped.detach())  # the device (read once, at the epoch's end)
-            run.scheduler.step()
             profiler.step()
             run.step += 1
             for out, batch in zip(outputs, micro):
@@ -123,18 +123,6 @@ def _asked(run: Run, done: int, steps: int, checkpoint_due: bool, stop: str | No
     if run.world.is_main and done % run.config.log_every == 0:
         return "--log-every"
     return None
-
-
-def _step(run: Run, micro: list) -> tuple[torch.Tensor, list, Any]:
-    """One optimizer step through the strategy: (loss, outputs per micro-batch, the
-    gradient norm before clipping or None). One micro-batch goes through ``train_step``
-    (what every strategy has), several through ``train_steps`` (gradient accumulation)."""
-    if len(micro) > 1:
-        return run.strategy.train_steps(run.model, micro, run.context, run.optimizer,
-                                        run.precision)
-    loss, outputs, *clipped = run.strategy.train_step(run.model, micro[0], run.context,
-                                                      run.optimizer, run.precision)
-    return loss, [outputs], clipped[0] if clipped else None
 
 
 def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool,

@@ -32,6 +32,7 @@ from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
 from ddl.worker.precision import Precision
+from ddl.worker.precision import resolve as resolve_precision
 
 
 @dataclass
@@ -76,9 +77,12 @@ def build(config: RunConfig, world: World, plugins: Plugins, resolved: Resolved 
     if degrees.world_size != world.size:
         raise UsageError(f"the run plan's layout {degrees.describe()} needs "
                          f"{degrees.world_size} processes; this world has {world.size}")
+    # the pre-flight decides the precision (auto: per device kind); workers read the plan's
+    precision = resolved.precision if resolved else resolve_precision(config.precision,
+                                                                      world.device)
     context = StrategyContext(world=world, layout=degrees,
                               workload=workload, microbatches=config.microbatches,
-                              clip_grad_norm=config.clip_grad_norm, precision=config.precision)
+                              clip_grad_norm=config.clip_grad_norm, precision=precision)
     sync_bn.check(config.sync_bn, sspec, plugins.strategies().values())
     _check_block_options(config, wspec, world)
     strategy.check(context)
@@ -242,8 +246,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         workload.optimizer(_optimizer_params(model, parallel, strategy), layout.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
-    precision = Precision.create(resolved.precision if resolved else config.precision,
-                                 world.device, tf32=config.tf32)
+    precision = Precision.create(parallel.precision, world.device, tf32=config.tf32)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
                                                                           workload))
     val_loader, test_loader = (

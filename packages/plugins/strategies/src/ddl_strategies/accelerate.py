@@ -77,18 +77,21 @@ class AccelerateStrategy(Strategy):
                          "ddl does not wire through Accelerate; allowed: the same batch flags "
                          "with --strategy ddp or fsdp, or one of the two flags alone")
 
-    def train_step(self, model, batch, run, optimizer, precision):
-        inputs, targets = batch
-        optimizer.zero_grad(set_to_none=True)
+    def forward_backward(self, model, batches, run, precision):
+        (inputs, targets), = batches  # one micro-batch: check_accumulation refuses more
         with precision.autocast():
             outputs = run.workload.forward(model, inputs)
             loss = run.workload.loss(outputs, targets)
-        model.accelerator.backward(loss)
-        norm = None
-        if run.clip_grad_norm:  # Accelerate's own: it knows its wrappers' sharding
-            norm = model.accelerator.clip_grad_norm_(model.parameters(), run.clip_grad_norm)
-        optimizer.step()
-        return loss.detach(), outputs, norm
+        # fp16: scaled by ddl's scaler, which the trainer's optimizer step unscales
+        model.accelerator.backward(precision.scaler.scale(loss) if precision.scaler else loss)
+        return loss.detach(), [outputs]
+
+    def clip_gradients(self, model, run, optimizer, precision):
+        if not run.clip_grad_norm:
+            return None
+        precision.unscale(optimizer)
+        # Accelerate's own: it knows its wrappers' sharding
+        return model.accelerator.clip_grad_norm_(model.parameters(), run.clip_grad_norm)
 
     def eval_model(self, model: nn.Module) -> nn.Module:
         # DDP's plain module avoids buffer syncs; FSDP must run sharded on every rank.

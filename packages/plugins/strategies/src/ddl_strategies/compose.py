@@ -52,6 +52,7 @@ class MeshStrategy(Strategy):
         fsdp.check_options(self.options)
         if set(self.options) & set(pipeline.OPTIONS_HELP):
             pipeline.schedule_choice(self.options)
+            pipeline.bubble_steps(self.options)
 
     # --- what the layout asks of the workload ------------------------------------------
     def check(self, run: StrategyContext) -> None:
@@ -59,7 +60,7 @@ class MeshStrategy(Strategy):
         self.option_number("bucket_cap_mb", 25.0, above=0)  # DDP's buckets (before workers)
         p, workload = run.layout, run.workload
         if p.pp > 1:  # first: no model needed to tell
-            pipeline.check_precision(run.precision, run.world)
+            pipeline.check_precision(run.precision)
         if p.tp > 1 and not _declares(workload, "tp_plan"):
             raise UsageError(f"--mesh: tp={p.tp} needs a workload with a tensor-parallel plan "
                              "(tp_plan); this one has none; allowed: tp=1")
@@ -147,7 +148,8 @@ class MeshStrategy(Strategy):
         schedule, _ = pipeline.schedule_choice(self.options)
         runner = pipeline.Pipeline(
             parts, stage_ids, n_stages, schedule=schedule, microbatches=self._microbatches(run),
-            loss_fn=workload.loss, world=world, pp=p.pp, pp_group=mesh["pp"].get_group())
+            loss_fn=workload.loss, world=world, pp=p.pp, pp_group=mesh["pp"].get_group(),
+            measured_steps=pipeline.bubble_steps(self.options))
         return pipeline.Stages(parts, runner)
 
     @property
@@ -155,10 +157,15 @@ class MeshStrategy(Strategy):
         return self.option_flag("reshard_after_forward", True)
 
     # --- running -----------------------------------------------------------------------
-    def train_steps(self, model, batches, run, optimizer, precision):
+    def forward_backward(self, model, batches, run, precision):
         if not isinstance(model, pipeline.Stages):
-            return super().train_steps(model, batches, run, optimizer, precision)
-        return model.pipeline.train_step(batches, optimizer, precision, run.clip_grad_norm)
+            return super().forward_backward(model, batches, run, precision)
+        return model.pipeline.forward_backward(batches, precision)
+
+    def clip_gradients(self, model, run, optimizer, precision):
+        if not isinstance(model, pipeline.Stages) or not run.clip_grad_norm:
+            return super().clip_gradients(model, run, optimizer, precision)
+        return model.pipeline.clip_gradients(run.clip_grad_norm)
 
     def eval_step(self, model, inputs, targets, run, precision):
         if not isinstance(model, pipeline.Stages):

@@ -17,10 +17,17 @@ Model Training on GPU Clusters Using Megatron-LM", SC 2021).
 
 ddl measures the bubble: each rank times the compute of its stages (the schedule's
 ``forward_one_chunk`` / ``backward_one_chunk`` calls) against the wall time of the step,
-and reports the idle fraction next to the theory.
+and reports the idle fraction next to the theory. The window is the same on every rank
+only between two barriers of the pipeline's ranks, so a measured step costs two
+synchronisations: ddl measures steps 2 to 9 (``bubble_steps``), and the steps after run
+without them.
+
+This module runs forward and backward only: the trainer zeroes the gradients before, and
+clips, steps the optimizer and the lr schedule after (ddl.worker.step).
 
 Options: ``schedule`` (gpipe, 1f1b, interleaved1f1b, looped_bfs, interleaved_zb),
-``stages_per_rank`` (v; default 2 for the interleaved/looped schedules, 1 otherwise).
+``stages_per_rank`` (v; default 2 for the interleaved/looped schedules, 1 otherwise),
+``bubble_steps`` (how many steps measure the bubble; default 8, 0: none).
 ``--microbatches`` sets m (default: 2 x stages); it must divide the per-replica batch.
 Gradients are averaged over microbatches, so one pipeline step equals one single-process
 step on the same batch. ddl divides them itself, once per parameter, rather than letting the
@@ -68,7 +75,18 @@ MULTI = {"interleaved1f1b": "ScheduleInterleaved1F1B", "looped_bfs": "ScheduleLo
 OPTIONS_HELP = {
     "schedule": "gpipe (default), 1f1b, interleaved1f1b, looped_bfs, interleaved_zb",
     "stages_per_rank": "stages each rank holds (default 2 for interleaved/looped, else 1)",
+    "bubble_steps": "steps after the first whose bubble is measured, each between two "
+                    "barriers of the pipeline's ranks (default 8; 0: none)",
 }
+
+
+def bubble_steps(options: dict[str, str]) -> int:
+    """How many steps (after the first) time the bubble: ``bubble_steps``, checked."""
+    value = options.get("bubble_steps", "8")
+    if not value.isdigit():
+        raise UsageError(f"--strategy-option: bubble_steps={value[:40]!r}; allowed: a whole "
+                         "number >= 0")
+    return int(value)
 
 
 def schedule_choice(options: dict[str, str]) -> tuple[str, int]:
@@ -87,15 +105,16 @@ def schedule_choice(options: dict[str, str]) -> tuple[str, int]:
     return name, int(value)
 
 
-def check_precision(requested: str, world: World) -> None:
+def check_precision(precision: str) -> None:
     """fp16 needs its loss scaled before the backward, which the schedule runs itself;
-    refuse it rather than train unscaled (gradients would underflow)."""
-    from ddl.worker.precision import resolve
-
-    if resolve(requested, world.device) == "fp16":
-        raise UsageError(f"--precision {requested}: pp does not scale fp16 losses (its "
-                         "schedule runs the backward); allowed with pp: fp32, bf16 (on "
-                         "GPUs without bf16, e.g. V100, pass --precision fp32)")
+    refuse it rather than train unscaled (gradients would underflow). ``precision``: the
+    run's, decided by the run plan (StrategyContext.precision; auto is fp16 on GPUs
+    without bf16)."""
+    if precision == "fp16":
+        raise UsageError("--precision: this run computes in fp16, and pp does not scale "
+                         "fp16 losses (its schedule runs the backward); allowed with pp: "
+                         "fp32, bf16 (on GPUs without bf16, e.g. V100, pass --precision "
+                         "fp32)")
 
 
 def my_stage_ids(pp_rank: int, pp: int, n_stages: int) -> list[int]:
@@ -121,7 +140,7 @@ class Pipeline:
 
     def __init__(self, parts: list[nn.Module], stage_ids: list[int], n_stages: int, *,
                  schedule: str, microbatches: int, loss_fn, world: World, pp: int,
-                 pp_group) -> None:
+                 pp_group, measured_steps: int = 8) -> None:
         self.world, self.microbatches, self.pp_group = world, microbatches, pp_group
         self.schedule_name, self.v, self.pp, self.n_stages = \
             schedule, len(stage_ids), pp, n_stages
@@ -147,8 +166,10 @@ class Pipeline:
         self.shared = _shared_across_ranks(mine, world, replica)
         self.has_first, self.has_last = 0 in stage_ids, n_stages - 1 in stage_ids
         self.last_rank = members[(n_stages - 1) % pp]  # holds the last stage
+        self.measured_steps = measured_steps  # steps 2 .. 1 + this time the bubble
         self.busy = 0.0  # seconds of stage compute in measured steps
         self.wall = 0.0  # seconds of those steps
+        self.measured = 0  # how many steps were measured
         self.steps = 0
         self._compute = 0.0
 
@@ -178,24 +199,33 @@ class Pipeline:
             output = run(*args, **kwargs)
         return output, losses
 
-    def train_step(self, batches, optimizer, precision, max_norm: float | None):
-        """One optimizer step over all microbatches of one or more batches (several:
+    def forward_backward(self, batches, precision):
+        """Forward and backward of all microbatches of one or more batches (several:
         gradient accumulation, one schedule run each, so the microbatches per step
-        multiply): (mean loss on every rank, the last stage's outputs per batch or Nones,
-        the gradient norm before clipping or None)."""
-        optimizer.zero_grad(set_to_none=True)
+        multiply), leaving the gradients of their mean loss (a tied weight's copies on
+        several stages summed); the trainer zeroes, clips and steps around it
+        (ddl.worker.step). Returns (mean loss on every rank, the last stage's outputs per
+        batch or Nones)."""
+        # the first step builds buffers and shapes: not a steady state
+        measuring = 1 <= self.steps <= self.measured_steps
         self._compute = 0.0
-        # Every rank times the same window: the last stage finishes its part while the first
-        # still runs p-1 backwards, idle time that (p-1)/(m+p-1) counts on every rank.
-        dist.barrier(group=self.pp_group)
+        if measuring:
+            # Every rank times the same window: the last stage finishes its part while the
+            # first still runs p-1 backwards, idle time that (p-1)/(m+p-1) counts on every
+            # rank. The barriers cost a synchronisation each: only on measured steps.
+            dist.barrier(group=self.pp_group)
         start = time.perf_counter()
         outputs, losses = [], []
         for inputs, targets in batches:
             output, batch_losses = self._run(self.schedule.step, inputs, targets, precision)
             outputs.append(output if self.has_last else None)
             losses += batch_losses
-        dist.barrier(group=self.pp_group)
-        wall = time.perf_counter() - start
+        if measuring:
+            dist.barrier(group=self.pp_group)
+            self.busy += self._compute
+            self.wall += time.perf_counter() - start
+            self.measured += 1
+        self.steps += 1
         for param in self.params:  # the mean over all microbatches, not their sum
             if param.grad is not None:
                 param.grad.div_(self.microbatches * len(batches))
@@ -203,19 +233,13 @@ class Pipeline:
             if param.grad is None:  # held but unused on this rank: contributes nothing
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(_local(param.grad), group=group)
-        norm = self._clip_gradients(max_norm) if max_norm else None
-        optimizer.step()
-        self.steps += 1
-        if self.steps > 1:  # the first step builds buffers and shapes: not a steady state
-            self.busy += self._compute
-            self.wall += wall
         # The loss lives on the last stage; every rank reports it.
         loss = torch.stack(losses).mean().detach() if self.has_last else \
             torch.zeros((), device=self.world.device)
         dist.broadcast(loss, src=self.last_rank, group=self.pp_group)
-        return loss, outputs, norm
+        return loss, outputs
 
-    def _clip_gradients(self, max_norm: float):
+    def clip_gradients(self, max_norm: float):
         """--clip-grad-norm over the whole model: each stage's squares summed over the
         pipeline, a tied weight's copies counted once (ddl.contract.grad_norm)."""
         from ddl.contract.grad_norm import clip_grad_norm
@@ -269,7 +293,8 @@ class Pipeline:
         dist.all_gather_object(per_rank, idle)
         p, m, v = self.pp, self.microbatches, self.v
         return {"schedule": self.schedule_name, "stages": self.n_stages, "stages_per_rank": v,
-                "microbatches": m, "bubble_measured_per_rank": per_rank,
+                "microbatches": m, "bubble_steps": self.measured,
+                "bubble_measured_per_rank": per_rank,
                 "bubble_measured": sum(per_rank) / len(per_rank),
                 "bubble_theory": (p - 1) / (v * m + p - 1)}
 

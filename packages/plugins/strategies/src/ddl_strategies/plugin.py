@@ -9,7 +9,7 @@ CONTRACT = "2"  # ddl.contract.CONTRACT_VERSION's major these strategies target
 # that `ddl submit` can check them before the queue (tests/unit/test_submit_preflight.py).
 DDP = frozenset({"bucket_cap_mb"})
 FSDP = frozenset({"reshard_after_forward", "param_dtype", "reduce_dtype", "generation"})
-PIPELINE = frozenset({"schedule", "stages_per_rank"})
+PIPELINE = frozenset({"schedule", "stages_per_rank", "bubble_steps"})
 
 
 @hookimpl

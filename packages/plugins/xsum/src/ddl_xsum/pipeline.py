@@ -135,7 +135,7 @@ class T5Stage(nn.Module):
     def forward(self, *carry: torch.Tensor):
         from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 
-        from ddl_xsum.workload import prepared_mask  # (no host sync: see there)
+        from ddl_xsum.attention_mask import prepared_mask  # (no host sync: see there)
 
         x = dict(zip(self._boundary(self.start), carry, strict=True))
         enc, dec = self.encoder, self.decoder

@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from ddl.contract.fast_optim import fused_on_gpu
 from ddl.contract.workload import Workload
 from ddl_xsum import data, model_files
+from ddl_xsum.attention_mask import prepared_mask
 from ddl_xsum.model_files import T5_VOCABULARY
 
 SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
@@ -71,16 +72,6 @@ class SummaryDataset(Dataset):
         labels = torch.full((self.target_length,), -100, dtype=torch.long)
         labels[: len(tgt)] = torch.tensor(tgt, dtype=torch.long)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def prepared_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """The padding mask as the 4-D boolean mask (batch, 1, 1, keys) transformers would build
-    from it, made here without reading its values. Given the 2-D mask, transformers first
-    asks whether any token is padded (``mask.all()`` on the device: a host-device sync in
-    every encoder and cross-attention mask, two per step) to skip the mask; a prepared 4-D
-    mask is used as it is. Same logits, bit for bit (it broadcasts over the queries as the
-    built one repeats over them); ``ddl train --count-syncs`` found the syncs."""
-    return attention_mask.bool()[:, None, None, :]
 
 
 def shift_right(labels: torch.Tensor, start_id: int = 0, pad_id: int = 0) -> torch.Tensor:
