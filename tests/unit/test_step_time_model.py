@@ -158,6 +158,19 @@ def test_plan_json_carries_the_step_time(synthetic_mnist, tmp_path):
         assert set(timed["comm_s"]) == set(row["comm_bytes_per_step"])
         steps.append(row["step_s"])
     assert steps == sorted(steps)
+    # issue 51: a 16-bit GPU plan runs FSDP2 layouts with bf16 gathers and fp32 reductions,
+    # and says so in their flags; DDP (replicas alone) keeps its fp32 all-reduce
+    for row in report["fits"]:
+        mesh, options = row["mesh"], row["strategy_options"]
+        fsdp = mesh["dp_shard"] > 1 or (mesh["dp_replicate"] > 1 and mesh["pp"] > 1)
+        assert (options.get("param_dtype") == "bf16") == fsdp, row["flags"]
+        assert ("param_dtype=bf16" in row["flags"]) == fsdp
+    # checkpointing costs its measured recompute: selective a little, full ~ the forward
+    compute = {r["activation_checkpointing"]: r["step_time"]["compute_s"]
+               for r in report["fits"] if r["mesh"]["dp_replicate"] == 8
+               and r["micro_batch"] == 8}
+    assert compute["none"] < compute["selective"] < 1.05 * compute["none"]
+    assert 1.2 * compute["none"] < compute["full"] <= 4 / 3 * compute["none"] * (1 + 1e-9)
     # pure DDP over the 8 GPUs of 2 nodes: its ring crosses the nodes, so its all-reduce runs
     # at the juwels profile's network numbers (9.6 us a step; 100 GB/s a node, 4 GPUs)
     ddp = next(r for r in report["fits"] if r["mesh"]["dp_replicate"] == 8)
