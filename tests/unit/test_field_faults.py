@@ -97,6 +97,7 @@ def test_run_tests_help_is_its_own_before_pytests():
     (["layout", "--mesh", "tp=1000,dp_shard=1000"], ["--mesh", "1000000; allowed: 1 to"]),
     (["layout", "--nproc", HUGE], ["--nproc: 99999999999999999999; allowed: 1 to 256"]),
     (["layout", "--nproc", "8", "--nodes", HUGE], ["--nodes", "allowed: 1 to 10000"]),
+    (["scale", "--nprocs", f"1,{HUGE}"], ["--nprocs: 99999999999999999999; allowed: 1 to 256"]),
     (["doctor", "--collectives", "--nproc", HUGE], ["--nproc: 99999999999999999999; "
                                                     "allowed: 1 to 256"]),
 ])

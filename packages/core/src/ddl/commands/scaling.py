@@ -100,6 +100,12 @@ def parse_points(text: str, flag: str) -> list[int]:
         shown = text if len(text) <= 40 else f"{text[:40]}..."
         raise UsageError(f"{flag}: {shown!r} is not a list of distinct positive integers "
                          "(e.g. 1,2,4)")
+    from ddl.commands.flags import check_whole
+    from ddl.launch.submit import MAX_NODES
+    from ddl.settings.config import MAX_NPROC
+
+    # each point's own bound (ddl train --nproc, ddl submit --nodes), before the first runs
+    check_whole(flag, max(points), MAX_NPROC if flag == "--nprocs" else MAX_NODES)
     return sorted(points)
 
 
