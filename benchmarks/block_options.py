@@ -124,7 +124,7 @@ def compile_ratio(plugin: str, preset: str, batch: int, data: Path, steps: int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny presets, 1 timed step")
     parser.add_argument("--batch", type=int, default=2, help="samples per step (default 2)")
     parser.add_argument("--parts", default="memory,compile",

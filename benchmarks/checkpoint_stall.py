@@ -42,7 +42,7 @@ def _train(args, data: Path, run_dir: Path, asynchronous: bool) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--plugin", default="cifar")
     parser.add_argument("--preset", default="course")
     parser.add_argument("--nproc", type=int, default=1)

@@ -59,7 +59,7 @@ def first_step_time(run_dir: Path) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--first-step-repeats", type=int, default=3)

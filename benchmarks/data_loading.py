@@ -39,7 +39,7 @@ RESULTS = HERE / "results" / "data_loading.json"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="course")
     parser.add_argument("--workers", default="0,1,2")
     parser.add_argument("--batches", type=int, default=10)

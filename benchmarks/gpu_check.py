@@ -308,7 +308,7 @@ def slug(text: str) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true",
                         help="CPU mode (CI): a subset with tiny sizes and gloo")
     parser.add_argument("--fetch-wheels", action="store_true",

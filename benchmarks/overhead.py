@@ -87,7 +87,7 @@ def prepare(plugin: str, data_root: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="mnist,cifar,xsum",
                         help="plugins, tiny preset each")
     parser.add_argument("--preset", default="tiny")

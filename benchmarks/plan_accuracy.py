@@ -234,7 +234,7 @@ def figure(doc: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="results JSON (default: "
                         "benchmarks/results/plan_accuracy-<date>.json)")
     parser.add_argument("--figure", type=Path, default=HERE.parent / "docs" / "img"

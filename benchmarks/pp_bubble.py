@@ -249,7 +249,7 @@ def run(settings: Settings, schedules: list[str], microbatches: list[int],
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     defaults = Settings()
     parser.add_argument("--width", type=int, default=defaults.width)
     parser.add_argument("--layers-per-stage", type=int, default=defaults.layers_per_stage)

@@ -237,7 +237,7 @@ def ratios(times: dict[int, float]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="mnist,xsum")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--rounds", type=int, default=3)

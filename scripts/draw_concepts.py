@@ -489,7 +489,7 @@ def stale(out: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 listing stale or missing figures")
     parser.add_argument("--out", type=Path, default=OUT, help=f"folder (default {OUT})")

@@ -129,7 +129,7 @@ def constraints(path: Path, everything: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("command", nargs="?", default="generate",
                         choices=["generate", "check-python", "constraints"])
     parser.add_argument("--lock", type=Path, default=LOCK, help="default: %(default)s")

@@ -109,7 +109,7 @@ def plot(report: dict, bench: dict | None, run_label: str, output: Path) -> None
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, required=True, help="results.json of a pp run, or benchmarks/results/pp_bubble-mnist-tiny.json")
     parser.add_argument("--run-label", default="MNIST tiny", help="name of the run in the bars")
     parser.add_argument("--benchmark", type=Path, help="benchmarks/results/pp_bubble-accelerator.json")

@@ -146,7 +146,7 @@ def loader(device: str, plugin: str, preset: str, data_dir: str, workers: int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("probe", choices=["environment", "matmul", "loader", "synthetic",
                                           "batch-search"])
     parser.add_argument("--device", choices=["cpu", "cuda"], required=True)

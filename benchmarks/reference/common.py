@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def arguments() -> argparse.Namespace:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--plugin", default="mnist")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--data-dir", type=Path, required=True)

@@ -37,7 +37,7 @@ from common import workload  # noqa: E402
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--plugin", default="mnist")
     p.add_argument("--preset", default="course")
     p.add_argument("--data-dir", type=Path, required=True)

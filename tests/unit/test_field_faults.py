@@ -294,3 +294,24 @@ def test_the_stop_names_the_signal_the_launcher_received(tmp_path, capfd):
     _forget_signal(tmp_path)
     assert not (tmp_path / control.STOP_SIGNAL_FILE).exists()
     assert not (tmp_path / control.STOP_FILE).exists()  # consumed by the stop
+
+
+# --- 13: the repository's other parsers (scripts, benchmarks) ------------------------------
+
+#: Parsers that still take abbreviations: the hand-written DDP example stays as plain as the
+#: course's code; meta_build.py was being edited by another session (issue 52). This set may
+#: only shrink.
+ABBREVIATING = {"docs/examples/hand_written_ddp.py", "benchmarks/meta_build.py"}
+
+
+def test_the_scripts_parsers_refuse_abbreviations_too():
+    import re
+
+    found = set()
+    for folder in ("scripts", "benchmarks", "docs/examples", "packages"):
+        for path in (REPO / folder).rglob("*.py"):
+            for call in re.findall(r"ArgumentParser\((.*)", path.read_text()):
+                if "allow_abbrev=False" not in call:
+                    found.add(str(path.relative_to(REPO)))
+    assert found <= ABBREVIATING, f"parsers taking abbreviations: {sorted(found - ABBREVIATING)}"
+    assert ABBREVIATING <= found, f"fixed (remove from ABBREVIATING): {ABBREVIATING - found}"
