@@ -4,7 +4,7 @@ Each case trains one optimizer step twice, split over several processes and in o
 with the same seed and global batch, and checks from the runs' results.json:
 
 - every rank's ``memory_per_rank[].build_peak_bytes`` (the RSS high-water mark of building
-  and loading the model, ddl.worker.build_memory) is at most 40 % of the model's fp32
+  and loading the model, ddl.worker.build.build_memory) is at most 40 % of the model's fp32
   parameter bytes (``parameters`` x 4): no rank built the whole model;
 - the validation loss after that step equals the one process's within 1e-4 relative:
   every rank started from one process's weights. The step runs at ``--lr 1e-30`` (the

@@ -55,9 +55,9 @@ def loaded_cell(plan, weights_dir: str) -> dict:
     from torch.distributed.tensor import DTensor
 
     from ddl.contract.world import World
-    from ddl.worker.materialize import canonical
+    from ddl.worker.build.materialize import canonical
     from ddl.worker.setup import set_up
-    from ddl.worker.weights_file import WeightsFile
+    from ddl.worker.build.weights_file import WeightsFile
 
     rank = dist.get_rank()
     world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),

@@ -4,7 +4,7 @@ tensor (the per-tensor rule: AdamW).
 
 Its model is initialised the timm way (nn.init.trunc_normal_ for the class token, the
 positions and every Linear weight), which ddl builds on the meta device under these
-layouts and must replay exactly (ddl.worker.deferred_init; before issue 49's fix, which
+layouts and must replay exactly (ddl.worker.build.deferred_init; before issue 49's fix, which
 let trunc_normal_ skip meta tensors, all three ended 567 % off one process in
 blocks.0.attn.v.weight). Installed as a third party
 ships a plugin (a dist-info with the `ddl` entry point `vit` on PYTHONPATH), as

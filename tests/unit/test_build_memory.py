@@ -1,4 +1,4 @@
-"""ddl.worker.build_memory: the peak of a block, exactly (the kernel's high-water mark, not
+"""ddl.worker.build.build_memory: the peak of a block, exactly (the kernel's high-water mark, not
 samples), above what the process held before it; the process's own peak survives the
 reset. Linux CPUs (this machine); the GPU path reads torch's allocator and has not run
 here."""
@@ -6,7 +6,7 @@ here."""
 import pytest
 import torch
 
-from ddl.worker import build_memory
+from ddl.worker.build import build_memory
 
 pytestmark = pytest.mark.unit
 

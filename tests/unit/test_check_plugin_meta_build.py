@@ -18,7 +18,7 @@ from torch import nn
 from ddl.commands import check_plugin
 from ddl.commands.cli import main
 from ddl.conformance.contracts import ContractBroken
-from ddl.worker import meta_redirects
+from ddl.worker.build import meta_redirects
 
 pytestmark = pytest.mark.unit
 

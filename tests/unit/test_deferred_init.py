@@ -1,9 +1,9 @@
 """Building on the meta device and drawing the values later gives, tensor for tensor and bit
-for bit, what a plain build draws with the same seed (ddl.worker.deferred_init); the random
+for bit, what a plain build draws with the same seed (ddl.worker.build.deferred_init); the random
 generator ends where a plain build leaves it; builds the recording cannot replay fail
-loudly (and ddl.worker.model_build then builds the plain way). Pretrained weights in the
+loudly (and ddl.worker.build.model_build then builds the plain way). Pretrained weights in the
 real safetensors format (one file and sharded with an index, as save_pretrained writes
-them; random weights the test writes) load tensor for tensor (ddl.worker.weights_file)."""
+them; random weights the test writes) load tensor for tensor (ddl.worker.build.weights_file)."""
 
 import sys
 from pathlib import Path
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from ddl.contract.plugins import Plugins
-from ddl.worker import deferred_init, materialize
-from ddl.worker.weights_file import WeightsFile
+from ddl.worker.build import deferred_init, materialize
+from ddl.worker.build.weights_file import WeightsFile
 
 pytestmark = pytest.mark.unit
 

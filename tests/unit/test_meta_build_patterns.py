@@ -1,5 +1,5 @@
 """Exact or loud: every init pattern a third-party model uses either replays bit for bit on
-the meta device (ddl.worker.deferred_init) or is refused with a reason that names the tensor
+the meta device (ddl.worker.build.deferred_init) or is refused with a reason that names the tensor
 or the place in the build, so the run builds the plain way with one note. Each pattern here
 gave other values than a plain build, silently, before issue 49 (torch 2.14's
 trunc_normal_, orthogonal_, dirac_ and sparse_ return early on a meta tensor; a reseed or a
@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.init import trunc_normal_ as imported_trunc_normal_
 
 from ddl import conformance
-from ddl.worker import deferred_init, materialize, meta_redirects
-from ddl.worker.model_build import record_or_reason
+from ddl.worker.build import deferred_init, materialize, meta_redirects
+from ddl.worker.build.model_build import record_or_reason
 
 pytestmark = pytest.mark.unit
 

@@ -1,11 +1,11 @@
 """``meta-build``: does ddl's meta-device build give a model the values a plain build gives?
 
 Every layout that splits the model (FSDP, tensor parallel, pipeline stages, their meshes)
-builds it on the meta device and draws each rank's part later (ddl.worker.deferred_init).
+builds it on the meta device and draws each rank's part later (ddl.worker.build.deferred_init).
 That must give, bit for bit, what ``build()`` gives in one process with the same seed, or
 ddl must refuse it and build the plain way. This check builds the model both ways in this
 process, materialises the whole meta model through the same code a rank uses
-(ddl.worker.materialize.Materializer: ``to_empty``, then every tensor drawn from the
+(ddl.worker.build.materialize.Materializer: ``to_empty``, then every tensor drawn from the
 recording), and compares every parameter and buffer; a rank's FSDP or tensor-parallel
 shard is a slice of the same values. It also checks that the random generator ends where
 a plain build leaves it (the draws after the build, dropout's included, depend on that).
@@ -65,9 +65,9 @@ def check_meta_build(build: Callable[[], Any], seed: int = 0) -> MetaBuildReport
     run seeds them): plainly, and on the meta device then materialised; compare."""
     import torch
 
-    from ddl.worker import materialize
+    from ddl.worker.build import materialize
     from ddl.worker.distributed import seed_all
-    from ddl.worker.model_build import record_or_reason
+    from ddl.worker.build.model_build import record_or_reason
 
     seed_all(seed)
     plain = build()

@@ -56,7 +56,7 @@ class StrategyContext:
     #: :meth:`Strategy.builds_on_meta` said yes): ``wrap`` calls it on each module this
     #: rank keeps, after sharding or splitting it and before anything reads its values.
     #: It allocates the module on the device and fills it with the values one process
-    #: would have (ddl.worker.materialize). None: the model arrives built and on the CPU.
+    #: would have (ddl.worker.build.materialize). None: the model arrives built and on the CPU.
     materialize: Any = None
 
 

@@ -174,7 +174,7 @@ class Workload(ABC):
         (``model.safetensors`` or a sharded ``model.safetensors.index.json``) whose tensor
         names are the state-dict names of :meth:`build_model`'s model; None (the default):
         the built values are the initial weights. ddl loads them after the build, each
-        rank reading only the tensors it keeps (ddl.worker.materialize). Tensors the file
+        rank reading only the tensors it keeps (ddl.worker.build.materialize). Tensors the file
         lacks keep the built values; tied weights may be stored under any of their names."""
         return None
 

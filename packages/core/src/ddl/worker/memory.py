@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddl.worker import build_memory
+from ddl.worker.build import build_memory
 
 
 def _local_bytes(tensor: torch.Tensor) -> int:

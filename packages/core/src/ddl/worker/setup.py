@@ -26,8 +26,8 @@ from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
 from ddl.settings.plan import Resolved
-from ddl.worker import (activation_checkpointing, build_memory, checkpoint, compiling,
-                         lr_schedule, mesh, model_build, sync_bn)
+from ddl.worker import activation_checkpointing, checkpoint, compiling, lr_schedule, mesh, sync_bn
+from ddl.worker.build import build_memory, model_build
 from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
@@ -278,7 +278,7 @@ def _build_model(config: RunConfig, world: World, workload: Workload, strategy: 
     """The workload's model with the block options applied and wrapped by the strategy;
     and its parameter count, taken before wrapping (a pipeline rank keeps only its own
     stages afterwards). Built on the meta device where the strategy splits the model
-    (ddl.worker.model_build), else on the CPU; pretrained weights loaded either way."""
+    (ddl.worker.build.model_build), else on the CPU; pretrained weights loaded either way."""
     model, materializer = model_build.build(workload, strategy, parallel, world)
     if workload.channels_last and world.device.type == "cuda":  # before DDP's buckets
         model = model.to(memory_format=torch.channels_last)

@@ -4,7 +4,7 @@ A model directory holds either ``model.safetensors`` or shards named by
 ``model.safetensors.index.json`` (``weight_map``: tensor name -> shard file), as
 ``save_pretrained`` writes them. ``read(name)`` memory-maps the shard and copies out that
 one tensor, so loading never holds more than the largest tensor beside what the rank keeps
-(ddl.worker.materialize cuts its slice).
+(ddl.worker.build.materialize cuts its slice).
 """
 
 from __future__ import annotations

@@ -27,12 +27,12 @@ carries this small Python version (torch's own meta-device recipe - ``to_empty``
 generator then stands where a plain build leaves it, whatever draws come before the first
 tensor is materialised.
 
-Exact or loud (``NotReplayable``; ddl.worker.model_build then builds the plain way with one
+Exact or loud (``NotReplayable``; ddl.worker.build.model_build then builds the plain way with one
 ``ddl: note:``), never silently different:
 
 - torch.nn.init's initialisers that return early on a meta tensor (``trunc_normal_``,
   ``orthogonal_``, ``dirac_``, ``sparse_``: found by their code reading ``is_meta``) are
-  redirected while recording (ddl.worker.meta_redirects): each call is logged as one
+  redirected while recording (ddl.worker.build.meta_redirects): each call is logged as one
   operation that runs the initialiser itself on the real tensor at replay time, drawing
   exactly what a plain build draws (trunc_normal_'s rejection loop included).
 - A parameter or buffer that nothing wrote after its ``torch.empty`` is refused by name:
@@ -60,7 +60,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ddl.worker.meta_redirects import NotReplayable, caller, redirected
+from ddl.worker.build.meta_redirects import NotReplayable, caller, redirected
 
 _META = torch.device("meta")
 _CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""What runs in place of some torch functions while ddl.worker.deferred_init records a
+"""What runs in place of some torch functions while ddl.worker.build.deferred_init records a
 meta-device build, so that the recording is exact or refused, never silently different:
 
 - torch.nn.init's initialisers that do nothing to a meta tensor (their code reads
@@ -27,7 +27,7 @@ class NotReplayable(Exception):
     """The build did something the recording cannot replay exactly."""
 
 
-TRAMPOLINE = "<ddl.worker.meta_redirects trampoline>"
+TRAMPOLINE = "<ddl.worker.build.meta_redirects trampoline>"
 
 
 def caller() -> str:
@@ -35,8 +35,8 @@ def caller() -> str:
     for frame in reversed(traceback.extract_stack()[:-2]):
         path = frame.filename.replace("\\", "/")
         if "/torch/" not in path and path != TRAMPOLINE \
-                and not path.endswith(("/ddl/worker/deferred_init.py",
-                                           "/ddl/worker/meta_redirects.py")):
+                and not path.endswith(("/ddl/worker/build/deferred_init.py",
+                                           "/ddl/worker/build/meta_redirects.py")):
             return f" at {path.rsplit('/', 1)[-1]}:{frame.lineno}"
     return ""
 

@@ -3,9 +3,9 @@ later allocates only what it keeps) or whole on the CPU; and load pretrained wei
 
 On meta: ``deferred_init.record`` runs the workload's ``build_model`` on the meta device and
 logs it; the strategy shards or splits the meta model and calls the returned
-``Materializer`` on what the rank keeps (ddl.worker.materialize). The values equal those a
+``Materializer`` on what the rank keeps (ddl.worker.build.materialize). The values equal those a
 plain build draws with the same seed, so every layout starts from one process's weights.
-A build the recording cannot replay exactly (ddl.worker.deferred_init lists what it refuses:
+A build the recording cannot replay exactly (ddl.worker.build.deferred_init lists what it refuses:
 values read while building, its own random generator, a reseed, a draw on a CPU tensor, a
 tensor nothing wrote) is built whole instead, with one ``ddl: note:`` line naming the tensor
 or the place in the build and the reason.
@@ -21,8 +21,8 @@ from ddl.contract.errors import UsageError
 from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
-from ddl.worker import deferred_init, materialize
-from ddl.worker.weights_file import WeightsFile
+from ddl.worker.build import deferred_init, materialize
+from ddl.worker.build.weights_file import WeightsFile
 
 
 def build(workload: Workload, strategy: Strategy, run: StrategyContext, world: World

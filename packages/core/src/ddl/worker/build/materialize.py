@@ -6,8 +6,8 @@ allocates the module on the device (``Module.to_empty``: only what the rank hold
 fills every parameter and buffer, one tensor at a time:
 
 - from the workload's pretrained weights (``Workload.pretrained_weights``: safetensors,
-  ddl.worker.weights_file) where the file has the tensor,
-- else from the recorded build (ddl.worker.deferred_init): the values one process draws
+  ddl.worker.build.weights_file) where the file has the tensor,
+- else from the recorded build (ddl.worker.build.deferred_init): the values one process draws
   with the same seed.
 
 The whole tensor is made on the CPU and only this rank's slice is kept (``distribute_tensor``
@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from ddl.contract.errors import UsageError
-from ddl.worker.deferred_init import Recording, _Ref
-from ddl.worker.weights_file import WeightsFile
+from ddl.worker.build.deferred_init import Recording, _Ref
+from ddl.worker.build.weights_file import WeightsFile
 
 # names a wrapper puts in front of a module's own (torch.compile, checkpoint_wrapper)
 _WRAPPER_PARTS = ("_orig_mod.", "_checkpoint_wrapped_module.")
