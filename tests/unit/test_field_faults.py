@@ -242,6 +242,7 @@ def test_checkpoint_paths_of_the_wrong_kind_are_refused_before_training(tmp_path
 @pytest.mark.parametrize("args, needles", [
     (["train", "--preset", ""], ["--preset", "an empty name", "allowed:"]),
     (["prepare", "--preset="], ["--preset", "an empty name"]),
+    (["check-plugin", "mnist", "--preset", ""], ["--preset", "an empty name"]),
     (["plan", "--plugin", "mnist", "--site", "local", "--preset", ""], ["--preset",
                                                                         "an empty name"]),
     (["plan", "--plugin", "mnist", "--site", "local", "--partition", "nosuch"],

@@ -307,6 +307,6 @@ def _check_plugin_parser(sub) -> None:
     check.add_argument("--checks", nargs="+", metavar="CHECK",
                        help="what to run through `ddl train`: strategies (one run each), "
                             "hsdp, 3d, degrees, accumulation, clipping, resume (default: all)")
-    check.add_argument("--preset", default="tiny", help="default: tiny")
+    check.add_argument("--preset", type=nonempty_name, default="tiny", help="default: tiny")
     check.add_argument("--tolerance", default="auto", help="weights comparison rule: auto, "
                        "elementwise or per-tensor (default: auto, by the optimizer)")
