@@ -131,7 +131,7 @@ def throughput_checks(gpu: bool) -> list[Check]:
 
 def sync_checks(gpu: bool) -> list[Check]:
     """Per workload: ddl's course run with ``--count-syncs``, which on CUDA counts every
-    synchronising call of each step with torch's sync debug mode (ddl.worker.step_breakdown):
+    synchronising call of each step with torch's sync debug mode (ddl.worker.observe.step_breakdown):
     a step must make none that no flag asked for. Apart from the timed rounds (the warnings
     cost host time). On a CPU, tests/distributed/test_step_syncs.py holds the same rule."""
     return [Check(f"syncs-{w}-bf16", "train", 70 if w == "xsum" else 40, w,

@@ -86,7 +86,7 @@ def train(args: argparse.Namespace) -> dict:
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    from ddl.worker.utilisation import Sampler
+    from ddl.worker.observe.utilisation import Sampler
 
     cuda = args.device == "cuda"
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

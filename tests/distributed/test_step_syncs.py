@@ -1,6 +1,6 @@
 """In steady state a training step makes no host-device synchronisation that no flag asked
 for (issue 38): ``--count-syncs`` counts the reads of device values in every step on rank 0
-(ddl.worker.step_breakdown; on a CPU the Python entry points that read a tensor, on CUDA
+(ddl.worker.observe.step_breakdown; on a CPU the Python entry points that read a tensor, on CUDA
 torch's sync debug mode, which the GPU kit runs). The runs here: MNIST under DDP with
 gradient clipping and a progress line every 3 steps (its reads must be counted, and
 attributed to --log-every), T5 tiny under FSDP with clipping and under the pipeline.
@@ -32,7 +32,7 @@ def test_ddp_with_clipping_syncs_only_for_the_progress_line(tmp_path, synthetic_
     assert syncs["unrequested"] == 0, syncs["unrequested_where"]
     # steps 3 and 6 print the loss (step 1, the epoch's first, is not measured)
     assert syncs["requested"]["--log-every"] == 2, syncs
-    assert any(where.startswith("ddl/worker/progress.py:") for where in
+    assert any(where.startswith("ddl/worker/observe/progress.py:") for where in
                syncs["requested_where"]), syncs
     assert got["steps"] == 6
     assert 0 < got["per_step"]["ddl_s"] < got["per_step"]["step_s"]

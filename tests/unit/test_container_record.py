@@ -1,4 +1,4 @@
-"""results.json's `container` (ddl.worker.container_record): which image a run ran in and
+"""results.json's `container` (ddl.worker.observe.container_record): which image a run ran in and
 the ddl commit that image was built from (issue 42). Against the real runtime:
 tests/system/test_container.py."""
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ddl.worker.container_record import record
+from ddl.worker.observe.container_record import record
 
 pytestmark = pytest.mark.unit
 

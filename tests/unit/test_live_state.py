@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from ddl.worker import live, progress, tensorboard_events
-from ddl.worker.live import LiveState
-from ddl.worker.progress import Progress
+from ddl.worker.observe import live, progress, tensorboard_events
+from ddl.worker.observe.live import LiveState
+from ddl.worker.observe.progress import Progress
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The CPU sync counter (ddl.worker.step_breakdown) finds a read of a tensor's value made
+"""The CPU sync counter (ddl.worker.observe.step_breakdown) finds a read of a tensor's value made
 outside torch, names its line, ignores reads inside torch and while the loader runs, and
 leaves torch.Tensor as it was. What a training step reads is checked in
 tests/distributed/test_step_syncs.py."""
@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-from ddl.worker.step_breakdown import READERS, StepBreakdown, SyncCounter
+from ddl.worker.observe.step_breakdown import READERS, StepBreakdown, SyncCounter
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +78,7 @@ def test_breakdown_attributes_syncs_to_the_flag_that_asked():
 
 
 def test_device_idle_share_counts_overlapping_kernels_once():
-    from ddl.worker.profiling import device_idle_share
+    from ddl.worker.observe.profiling import device_idle_share
 
     # a 100 us window: kernels busy 10-30 and 20-40 (overlapping: 30 us), 90-120 (10 inside)
     assert device_idle_share([(20, 40), (10, 30), (90, 120)], (0, 100)) == pytest.approx(0.6)

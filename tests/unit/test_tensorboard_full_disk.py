@@ -11,7 +11,7 @@ import threading
 import pytest
 from small_disk import mounted
 
-from ddl.worker.tensorboard_events import open_board
+from ddl.worker.observe.tensorboard_events import open_board
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ are absent here (no GPU on this machine)."""
 
 import pytest
 
-from ddl.worker import utilisation
+from ddl.worker.observe import utilisation
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """``ddl watch RUN_DIR``: a live terminal view of a running job, read from its run directory.
 
 Each rank replaces ``RUN_DIR/live/rank-<r>.json`` every few seconds while it trains
-(ddl.worker.live); rank 0 appends each epoch to ``metrics.jsonl``. The view shows the epoch's
+(ddl.worker.observe.live); rank 0 appends each epoch to ``metrics.jsonl``. The view shows the epoch's
 progress, throughput, an ETA, rank 0's latest loss, the last epoch's metrics and one row per
 rank (phase, step, samples/s, CPU and GPU use, memory, the age of its file), redrawn every
 ``--interval`` seconds; it reads files only, so it works from a login node on a shared file

@@ -123,11 +123,11 @@ class RunConfig(BaseModel):
         "non-finite loss and a stop request (one small all-reduce and a host sync each; "
         "also before every checkpoint and at each epoch's end)")
     profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
-                         "torch.profiler on every rank (0 = off; ddl.worker.profiling)")
+                         "torch.profiler on every rank (0 = off; ddl.worker.observe.profiling)")
     tf32: bool = Field(True, description="fp32 matrix products on a GPU's tensor cores "
                        "(TF32; no effect on CPUs; ddl.worker.precision.allow_tf32)")
     count_syncs: bool = Field(False, description="count the host-device synchronisations "
-                              "of every step (rank 0; ddl.worker.step_breakdown)")
+                              "of every step (rank 0; ddl.worker.observe.step_breakdown)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="autocast dtype: auto = bf16 on GPUs with bf16, fp16 (+ grad "

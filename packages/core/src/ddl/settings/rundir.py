@@ -6,12 +6,12 @@
     <run_dir>/model.pt       the trained weights (a plain state_dict; torch.load(weights_only=True))
     <run_dir>/checkpoints/   resumable training state (see ddl.worker.checkpoint)
     <run_dir>/live/rank-<r>.json  each rank's live state for ``ddl watch``, replaced at most
-                             every 2 s while it trains (ddl.worker.live: epoch, step, recent
+                             every 2 s while it trains (ddl.worker.observe.live: epoch, step, recent
                              samples/s, loss, CPU/GPU use, memory, time), and once more at
                              the end with ``state`` finished, stopped or failed
     <run_dir>/tensorboard/   TensorBoard event files of rank 0 (per logged step the loss; per
                              epoch the metrics, samples/s, data-wait share, lr), when the
-                             ``tensorboard`` package is installed (ddl.worker.tensorboard_events)
+                             ``tensorboard`` package is installed (ddl.worker.observe.tensorboard_events)
 
 Files are written to a temporary name and renamed, so a crash never leaves half a file (also
 the appends to metrics.jsonl); they get the usual permissions (0666 less the umask). A
@@ -39,7 +39,7 @@ CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 MODEL = "model.pt"
-LIVE = "live"  # live/rank-<r>.json: ddl.worker.live writes, ddl watch reads
+LIVE = "live"  # live/rank-<r>.json: ddl.worker.observe.live writes, ddl watch reads
 TENSORBOARD = "tensorboard"
 #: Errors of a write the file system refused: full, over quota, read-only, not permitted.
 WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)

@@ -2,7 +2,7 @@
 
 ``train_epoch`` runs the steps from batch ``position`` (non-zero when resuming inside an
 epoch): each is ``ddl.worker.step.optimizer_step`` (zero_grad, the strategy's forward and
-backward, clipping, the optimizer, the lr schedule). Between steps it reports progress (ddl.worker.observers: the
+backward, clipping, the optimizer, the lr schedule). Between steps it reports progress (ddl.worker.observe.observers: the
 progress bar or line, the live state ``ddl watch`` reads, TensorBoard), writes the
 ``--checkpoint-every`` checkpoints and asks the step guard whether to stop (a signal, a stop
 file, a non-finite loss); a stop leaves a checkpoint to resume from. ``validate`` evaluates
@@ -24,11 +24,11 @@ from ddl.worker.control import StepGuard
 from ddl.worker.evaluation import evaluate, fmt, with_derived
 from ddl.worker.loaders import DeviceBatches
 from ddl.worker.metrics import MetricSums
-from ddl.worker.observers import Observers
-from ddl.worker.profiling import StepProfiler
+from ddl.worker.observe.observers import Observers
+from ddl.worker.observe.profiling import StepProfiler
 from ddl.worker.setup import Run
 from ddl.worker.step import optimizer_step
-from ddl.worker.step_breakdown import StepBreakdown
+from ddl.worker.observe.step_breakdown import StepBreakdown
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Trained:
     seconds: float = 0.0
     data_wait: float = 0.0  # seconds this rank waited for its batches
     grad_norm: float | None = None  # mean global gradient norm before clipping, if clipped
-    breakdown: dict[str, Any] = field(default_factory=dict)  # ddl.worker.step_breakdown
+    breakdown: dict[str, Any] = field(default_factory=dict)  # ddl.worker.observe.step_breakdown
 
 
 def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
@@ -113,7 +113,7 @@ def _asked(run: Run, done: int, steps: int, checkpoint_due: bool, stop: str | No
            ) -> str | None:
     """The flag or event that reads a device value at this step (the step guard's check,
     the progress line's loss, a checkpoint), or None: then the step should make no
-    host-device synchronisation (ddl.worker.step_breakdown)."""
+    host-device synchronisation (ddl.worker.observe.step_breakdown)."""
     if done == steps:
         return "epoch end"
     if checkpoint_due or stop:

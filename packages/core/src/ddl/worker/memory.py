@@ -36,7 +36,7 @@ def rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def current(device: torch.device) -> dict[str, int]:
-    """This process's memory now, cheap enough for the live state (``ddl.worker.live``): the
+    """This process's memory now, cheap enough for the live state (``ddl.worker.observe.live``): the
     resident set (Linux /proc; else the peak), its peak, and on a GPU torch's allocation
     counters (host-side numbers: no device synchronisation)."""
     peak = now = build_memory.process_peak()

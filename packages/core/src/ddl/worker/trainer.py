@@ -6,8 +6,8 @@ the checkpoint ``--resume`` names. Per epoch (``ddl.worker.epoch``): reshuffle, 
 on the validation split, average the metrics over all ranks, print one line on rank 0 and
 append it to ``metrics.jsonl``; a checkpoint (``ddl.worker.checkpoint``) at every epoch's end
 and, with ``--checkpoint-every``, between. After the last epoch: evaluate on the test split,
-export the weights and write ``results.json`` (``ddl.worker.results``). Throughout, the
-observers (``ddl.worker.observers``) show progress on rank 0, keep each rank's live state for
+export the weights and write ``results.json`` (``ddl.worker.observe.results``). Throughout, the
+observers (``ddl.worker.observe.observers``) show progress on rank 0, keep each rank's live state for
 ``ddl watch`` (finished, stopped or failed at the end) and write TensorBoard events.
 
 Timing follows the courses: the first epoch includes one-off costs (allocator warm-up, lazy
@@ -26,12 +26,13 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
 from ddl.settings import rundir
 from ddl.settings.plan import RunPlan
-from ddl.worker import checkpoint, profiling, results, resume, threads, utilisation
+from ddl.worker import checkpoint, resume, threads
+from ddl.worker.observe import profiling, results, utilisation
 from ddl.worker.control import StepGuard
 from ddl.worker.epoch import train_epoch, validate
 from ddl.worker.evaluation import evaluate, fmt
 from ddl.worker.memory import gather, rank_memory
-from ddl.worker.observers import Observers
+from ddl.worker.observe.observers import Observers
 from ddl.worker.setup import Layout, Run, build, set_up
 
 __all__ = ["Layout", "build", "evaluate", "train"]

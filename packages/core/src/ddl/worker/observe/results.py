@@ -19,7 +19,8 @@ from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings import rundir
 from ddl.settings.config import RunConfig
-from ddl.worker import container_record, mfu
+from ddl.worker import mfu
+from ddl.worker.observe import container_record
 from ddl.worker.checkpoint import TrainerState
 from ddl.worker.setup import Layout
 
@@ -86,7 +87,7 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "compile": compiled or {"enabled": False},
         "epochs": epochs,
         "summary": summary,
-        # rank 0's split of a step (ddl.worker.step_breakdown), from the last measured epoch
+        # rank 0's split of a step (ddl.worker.observe.step_breakdown), from the last measured epoch
         "step_breakdown": next((e["step_breakdown"] for e in reversed(epochs)
                                 if not e["warmup"] and "step_breakdown" in e),
                                epochs[-1].get("step_breakdown")),

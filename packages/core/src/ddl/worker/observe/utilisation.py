@@ -84,7 +84,7 @@ class Sampler:
                 self._device, self.device_source = None, f"failed: {exc}"
 
     def latest(self) -> dict[str, float | None]:
-        """The newest readings (the live state, ``ddl.worker.live``); None before the first."""
+        """The newest readings (the live state, ``ddl.worker.observe.live``); None before the first."""
         return {"cpu_percent": self.cpu[-1] if self.cpu else None,
                 "device_util_percent": self.device[-1] if self.device else None}
 

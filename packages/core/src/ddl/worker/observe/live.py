@@ -3,7 +3,7 @@
 Each rank keeps one small JSON file, ``RUN_DIR/live/rank-<r>.json``: where it is (epoch,
 step within the epoch, phase), how fast it goes (its recent step time and the global
 samples/s that rate gives), rank 0's latest logged loss, the newest CPU/GPU utilisation
-reading (ddl.worker.utilisation) and its memory (ddl.worker.memory.current), stamped with
+reading (ddl.worker.observe.utilisation) and its memory (ddl.worker.memory.current), stamped with
 the wall-clock time. At the end the file says ``state`` finished, stopped or failed.
 
 What it costs a step: one clock read. The file is replaced (written aside, renamed: a reader

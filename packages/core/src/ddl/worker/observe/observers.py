@@ -1,9 +1,9 @@
 """Everything that watches the training loop from outside, behind the few calls the loop
 makes (ddl.worker.trainer, ddl.worker.epoch):
 
-* rank 0's progress on the terminal or in the log (ddl.worker.progress);
-* every rank's live state file for ``ddl watch`` (ddl.worker.live);
-* rank 0's TensorBoard event files (ddl.worker.tensorboard_events).
+* rank 0's progress on the terminal or in the log (ddl.worker.observe.progress);
+* every rank's live state file for ``ddl watch`` (ddl.worker.observe.live);
+* rank 0's TensorBoard event files (ddl.worker.observe.tensorboard_events).
 
 Per step that is the progress check (the loss is fetched every ``--log-every`` steps on rank
 0, as the progress line always did) and one clock read; nothing waits for the device.
@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from ddl.worker import memory
-from ddl.worker.live import LiveState
-from ddl.worker.progress import Progress
+from ddl.worker.observe.live import LiveState
+from ddl.worker.observe.progress import Progress
 from ddl.worker.setup import Run
-from ddl.worker.tensorboard_events import open_board
+from ddl.worker.observe.tensorboard_events import open_board
 
 
 class Observers:
