@@ -145,7 +145,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
 
     torch.set_num_threads(1)  # one core per stage: stages must not compete for threads
     from ddl.contract.strategy import StrategyContext
-    from ddl.worker.distributed import init_world
+    from ddl.worker.process.distributed import init_world
     from ddl.worker.precision import Precision
     from ddl_strategies.pipeline import schedule_choice
     from ddl_strategies.shorthands import Pipeline
@@ -224,7 +224,7 @@ def measure(settings: Settings, schedule: str, microbatches: int, scratch: Path)
     # no torch op, so no thread pool is copied half-made): a spawned worker imported torch
     # and ddl again, 2 of the 3 imports of each run, which made up most of the test's
     # start-up with three runs side by side on 2 cores (tests/distributed/test_pp_bubble.py).
-    import ddl.worker.distributed  # noqa: F401
+    import ddl.worker.process.distributed  # noqa: F401
     import ddl_strategies.shorthands  # noqa: F401
 
     out = scratch / f"{schedule}-{microbatches}.json"

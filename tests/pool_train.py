@@ -12,7 +12,7 @@ export and results.json with its own memory numbers; the cell returns both from 
 
 What the pool path does not exercise, and the CLI tests still do: the launcher (elastic
 agent, Slurm), the rendezvous, pre-flight checks, exit codes. If ddl's worker start changes
-(ddl.worker.entry, the run plan, trainer.train's signature), this is the one place to adapt.
+(ddl.worker.process.entry, the run plan, trainer.train's signature), this is the one place to adapt.
 """
 
 from __future__ import annotations

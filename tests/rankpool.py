@@ -274,7 +274,7 @@ def _serve(rank: int, size: int, port: int, conn, collective_timeout_s: float) -
             conn.send_bytes(pickle.dumps(("error", f"result not sendable: {_summary(exc)}")))
     dist.destroy_process_group()
     conn.close()
-    os._exit(0)  # skip interpreter teardown (gloo's can abort: ddl.worker.entry.exit_now)
+    os._exit(0)  # skip interpreter teardown (gloo's can abort: ddl.worker.process.entry.exit_now)
 
 
 def _in_own_thread(cell, args, kwargs) -> tuple[str, Any]:

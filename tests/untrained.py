@@ -16,7 +16,7 @@ import torch
 
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
-from ddl.worker.distributed import seed_all
+from ddl.worker.process.distributed import seed_all
 from ddl.worker.evaluation import evaluate
 from ddl.worker.loaders import eval_loader
 

@@ -75,7 +75,7 @@ def test_tiny_trains_and_learns_on_two_processes(tmp_path, prepared_cifar):
 def test_loader_workers_run_under_a_long_tmpdir(tmp_path, prepared_cifar):
     """A loader worker hands each batch over through a Unix socket under TMPDIR: with a
     long TMPDIR (a cluster job's scratch folder) it died with "AF_UNIX path too long" and
-    the rank waited for it (ddl.worker.socket_folder)."""
+    the rank waited for it (ddl.worker.process.socket_folder)."""
     scratch = tmp_path / ("scratch-" * 10)
     scratch.mkdir()
     proc = run_ddl("train", "--plugin", "cifar", "--preset", "tiny", "--nproc", "1",

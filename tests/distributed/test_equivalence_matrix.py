@@ -25,8 +25,8 @@ pipelines. The lr of the ResNet runs is below the tiny preset's: at 0.1 (cifar, 
 gradients ended 1.1e-6 to 6e-6 from one process (over the 1e-6 floor; a ReLU or max-pool
 switch in step 3 can multiply it by 5), at 1e-3 2e-7, while the stem still moves by 3 %.
 
-Cost: 35 runs, 6 references and 4 noise references; see docs/testing.md for the times before (one `ddl train`
-per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
+Cost: 35 runs, 6 references and 4 noise references; see docs/testing.md for the times
+before (one `ddl train` per run) and after (rank pools). It replaced test_equivalence.py (MNIST only).
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def noise_references(tmp_path_factory, data_dirs, rank_pools):
 
 
 def _initial_weights(setup: Setup, data_dir: Path) -> dict[str, torch.Tensor]:
-    from ddl.worker.distributed import seed_all
+    from ddl.worker.process.distributed import seed_all
     from ddl.contract.plugins import Plugins
 
     spec = Plugins().workload(setup.workload)

@@ -204,7 +204,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from ddl.contract.world import World
-from ddl.worker.heartbeat import Heartbeat
+from ddl.worker.process.heartbeat import Heartbeat
 
 store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 # rank 1 as its own start leaves it: it said where it runs, then stopped before its first beat

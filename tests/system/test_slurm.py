@@ -329,7 +329,7 @@ def test_hand_written_srun_of_the_image_gets_the_lumi_environment(slurm, runtime
     Singularity are not here: --device cpu, Apptainer."""
     from ddl.launch import site_env
     from ddl.settings.sites import get_site
-    from ddl.worker.cpu_binding import online_cpus
+    from ddl.worker.process.cpu_binding import online_cpus
 
     lumi = get_site("lumi")
     env = {**slurm.env, "PATH": f"{APPTAINER_DIR / 'bin'}:{slurm.env['PATH']}",

@@ -1,5 +1,5 @@
 """A rank started by a hand-written srun (no `--cpu-bind`) binds itself to the CPUs the
-site's srun mask list gives its local rank (ddl.worker.cpu_binding, issue 42): only under
+site's srun mask list gives its local rank (ddl.worker.process.cpu_binding, issue 42): only under
 Slurm, not when srun was told `--cpu-bind=none`, and not when the masks name CPUs the node
 lacks (one line, left unbound). The binding itself is a real sched_setaffinity, in a
 child process; the CPUs a LUMI node has (64) are not here, so that case is given as a
@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from ddl.settings.sites import CpuBinding, get_site
-from ddl.worker.cpu_binding import online_cpus, parse_list, ranges, srun_task_cpus
+from ddl.worker.process.cpu_binding import online_cpus, parse_list, ranges, srun_task_cpus
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def _bind_in_child(srun: str, env: dict[str, str]) -> dict:
     code = textwrap.dedent(f"""
         import json, os, sys
         from ddl.settings.sites import CpuBinding, get_site
-        from ddl.worker.cpu_binding import bind_srun_task
+        from ddl.worker.process.cpu_binding import bind_srun_task
         site = get_site("lumi-g").model_copy(
             update={{"cpu_binding": CpuBinding(srun={srun!r})}})
         bound = bind_srun_task(site, 0, {env!r})

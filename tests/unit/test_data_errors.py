@@ -1,6 +1,6 @@
 """Data errors name the split and the sample, through ddl's real loaders (ddl.worker.loaders),
 in this process and across DataLoader worker processes; and the one-line summary of the
-failed ranks (ddl.worker.crash.summary) that the local launcher prints."""
+failed ranks (ddl.worker.process.crash.summary) that the local launcher prints."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from ddl.contract.errors import DataError
-from ddl.worker.crash import summary
+from ddl.worker.process.crash import summary
 from ddl.worker.loaders import eval_loader, train_loader
 from ddl.worker.samples import SampleError
 

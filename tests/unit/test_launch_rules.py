@@ -125,6 +125,6 @@ def test_node_launchers_get_the_rendezvous_timeout(launcher, conf):
     ("cuda", "nccl", "nccl"),
 ])
 def test_collective_backend_follows_the_device(device, site_backend, expected):
-    from ddl.worker.distributed import collective_backend
+    from ddl.worker.process.distributed import collective_backend
 
     assert collective_backend(device, site_backend) == expected

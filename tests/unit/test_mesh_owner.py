@@ -1,6 +1,6 @@
 """One mesh, passed in (issue 40): no module outside the mesh's owner works out a rank's
 place in the layout by arithmetic. The worker builds the DeviceMesh once
-(ddl/worker/mesh.py) from the layout, whose own methods define the rank order
+(ddl/worker/process/mesh.py) from the layout, whose own methods define the rank order
 (ddl/contract/layout.py); `ddl layout` prints that order for people
 (ddl/commands/layout.py). Everything else asks the mesh, so a change of rank order in
 one place cannot leave a loader, sync-BN or the pipeline on another. `ddl plan`'s modules
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 
 SOURCES = [*(REPO / "packages").glob("*/src/**/*.py"),
            *(REPO / "packages").glob("plugins/*/src/**/*.py")]
-OWNERS = {"ddl/worker/mesh.py", "ddl/contract/layout.py", "ddl/commands/layout.py"}
+OWNERS = {"ddl/worker/process/mesh.py", "ddl/contract/layout.py", "ddl/commands/layout.py"}
 # `ddl plan` reasons about layouts that are not running (each rank of a candidate, which
 # groups cross a node): the layout's arithmetic is its subject, no live rank is derived
 PLANNERS = {"ddl/worker/planner.py", "ddl/worker/plan_probe.py",

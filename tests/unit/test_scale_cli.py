@@ -40,7 +40,7 @@ def test_a_thread_count_that_is_no_number_is_refused_before_any_run(tmp_path):
 
 def test_every_point_gets_the_same_threads_per_rank():
     from ddl.commands.scaling import study_threads
-    from ddl.worker import threads
+    from ddl.worker.process import threads
 
     fixed, record = study_threads([1, 2], env={})
     assert fixed["OMP_NUM_THREADS"] == fixed[threads.GIVEN] == "1"

@@ -122,7 +122,7 @@ def test_workers_under_torchrun_on_part_of_a_node_stay_unbound(monkeypatch, caps
     import os
 
     from ddl.settings.sites import get_site
-    from ddl.worker.entry import bind_worker_cpus
+    from ddl.worker.process.entry import bind_worker_cpus
 
     calls = []
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8, 22)))

@@ -1,8 +1,8 @@
-"""The thread policy (ddl.worker.threads): one rule for every launcher."""
+"""The thread policy (ddl.worker.process.threads): one rule for every launcher."""
 
 import pytest
 
-from ddl.worker.threads import GIVEN, capture_user_setting, decide
+from ddl.worker.process.threads import GIVEN, capture_user_setting, decide
 
 pytestmark = pytest.mark.unit
 

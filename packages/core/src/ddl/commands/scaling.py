@@ -14,7 +14,7 @@ flag, weak uses the preset's batch per replica and strong uses the preset's batc
 the smallest point's replicas, so the smallest point trains exactly the preset's batch.
 
 Threads per rank are the same at every local point: the user's ``OMP_NUM_THREADS``, else 1.
-ddl's usual rule (usable cores / local ranks, ddl.worker.threads) would give a 1-process
+ddl's usual rule (usable cores / local ranks, ddl.worker.process.threads) would give a 1-process
 point all the cores, so its speedup would compare threads as well as processes; and a
 rank of 2 threads collapses when other work takes one core (every operation waits for its
 slower thread). On this 2-core machine with other work running, ``--nprocs 1,2`` under
@@ -34,7 +34,7 @@ from typing import Any
 
 from ddl.commands.flags import train_arguments
 from ddl.contract.errors import DdlError, UsageError
-from ddl.worker import threads
+from ddl.worker.process import threads
 
 DEFAULT_ROUNDS = 3  # the median of 3 survives one round slowed by other work
 

@@ -20,7 +20,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from ddl.settings import config as cfg
     from ddl.settings import plan as run_plan
     from ddl.settings import rundir
-    from ddl.worker import entry as worker
+    from ddl.worker.process import entry as worker
 
     plugins = Plugins()
     file_values = cfg.load_config_file(ns.config) if "config" in ns else {}

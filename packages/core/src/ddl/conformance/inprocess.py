@@ -131,7 +131,7 @@ def check_model(workload: Any, dataset: Any, name: str, batch_size: int = 4) -> 
     import torch
     from torch.utils.data import DataLoader
 
-    from ddl.worker.distributed import seed_all
+    from ddl.worker.process.distributed import seed_all
 
     seed_all(7)
     try:

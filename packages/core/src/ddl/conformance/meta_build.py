@@ -66,7 +66,7 @@ def check_meta_build(build: Callable[[], Any], seed: int = 0) -> MetaBuildReport
     import torch
 
     from ddl.worker.build import materialize
-    from ddl.worker.distributed import seed_all
+    from ddl.worker.process.distributed import seed_all
     from ddl.worker.build.model_build import record_or_reason
 
     seed_all(seed)

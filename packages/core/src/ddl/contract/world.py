@@ -1,5 +1,5 @@
 """Who a process is in a run: its rank, its local rank on the node, the world size, its
-device and the collective backend. The worker side builds one (ddl.worker.distributed) and
+device and the collective backend. The worker side builds one (ddl.worker.process.distributed) and
 passes it to workloads and strategies, so each piece can say which ranks it uses instead of
 asking torch.distributed globals."""
 

@@ -5,13 +5,14 @@ torch's own elastic agent (the engine behind torchrun, ``torch.distributed.launc
 picks a free port for a c10d rendezvous on 127.0.0.1, sets RANK/LOCAL_RANK/WORLD_SIZE and
 MASTER_ADDR/MASTER_PORT for each worker, streams their output and reports failures.
 Each worker is forked from a fork server that has imported torch and the workload's
-libraries once (``ddl.launch.fork_server``; the worker's entry is ``ddl.worker.entry.forked``).
+libraries once (``ddl.launch.fork_server``; the worker's entry is
+``ddl.worker.process.entry.forked``).
 
 Signals to ``ddl train`` (see docs/checkpoints.md, "Faults and what ddl does"): SIGTERM and
 SIGUSR1 ask the workers for a clean stop (passed on as SIGUSR1; they stop after the next step
 with a checkpoint, exit code 3); the same signal again, or SIGINT (Ctrl-C, exit code 130),
 ends them at once. The agent starts each worker in a session of its own, so nothing reaches
-them unless passed on; a worker also dies with its launcher (``ddl.worker.entry``).
+them unless passed on; a worker also dies with its launcher (``ddl.worker.process.entry``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from pathlib import Path
 
 from ddl.contract.errors import DdlError
 from ddl.launch import fork_server
-from ddl.worker import crash, socket_folder, threads
+from ddl.worker.process import crash, socket_folder, threads
 from ddl.worker.control import STOP_FILE, STOP_SIGNAL_FILE
-from ddl.worker.entry import LAUNCHER_PID, WORKER_NAME, forked
+from ddl.worker.process.entry import LAUNCHER_PID, WORKER_NAME, forked
 
 
 def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
@@ -39,7 +40,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
     check_loopback()
     if nproc == 1:
         from ddl.worker import control
-        from ddl.worker.entry import main as worker_main
+        from ddl.worker.process.entry import main as worker_main
 
         kept = _handlers((signal.SIGTERM, signal.SIGUSR1))
         control.listen()  # SIGINT stays Python's KeyboardInterrupt: exit 130

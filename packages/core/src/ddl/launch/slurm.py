@@ -26,7 +26,7 @@ from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import endpoint_from_env
 from ddl.settings.plan import in_slurm_step
 from ddl.settings.sites import SiteProfile
-from ddl.worker import threads
+from ddl.worker.process import threads
 
 
 def srun_worker_env(site: SiteProfile, env: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -14,7 +14,7 @@ parameters, the framework's per-operator overhead): 0 unless measured (on a CPU 
 small, see ``CpuShare``).
 
 CPU ranks. A CPU "device" is the threads a rank computes with. ddl gives each local rank
-``cores // ranks`` threads (at least one, ``ddl.worker.threads``). The rate of ``t`` threads
+``cores // ranks`` threads (at least one, ``ddl.worker.process.threads``). The rate of ``t`` threads
 is ``t`` x the rate of one thread x ``thread_efficiency`` (measured: the workload's
 speed-up on ``t`` threads / ``t``; a large matmul's, ~1.0 on 2 cores, overstates what a
 second thread gives a small model, ~0.73); the fixed part runs on one thread. When the ranks'
@@ -168,7 +168,7 @@ class Compute:
 
 
 def threads_per_rank(cores: int, ranks: int) -> int:
-    """ddl's rule (ddl.worker.threads): the usable cores split over the local ranks."""
+    """ddl's rule (ddl.worker.process.threads): the usable cores split over the local ranks."""
     return max(cores // max(ranks, 1), 1)
 
 

@@ -1,5 +1,5 @@
 """``python -m ddl.worker``: one worker process, as the launchers start it."""
 
-from ddl.worker.entry import start
+from ddl.worker.process.entry import start
 
 start()

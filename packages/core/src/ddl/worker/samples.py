@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from ddl.contract.errors import as_one_line
-from ddl.worker.plugin_code import plugin_location
+from ddl.worker.process.plugin_code import plugin_location
 
 #: eval_loader serves both evaluation splits; the crash report names the one that failed
 #: from where it happened (validation or the test) when the loader was not told.

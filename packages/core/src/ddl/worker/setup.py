@@ -26,10 +26,11 @@ from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
 from ddl.settings.plan import Resolved
-from ddl.worker import activation_checkpointing, checkpoint, compiling, lr_schedule, mesh, sync_bn
+from ddl.worker import activation_checkpointing, checkpoint, compiling, lr_schedule, sync_bn
+from ddl.worker.process import mesh
 from ddl.worker.build import build_memory, model_build
 from ddl.worker.activation_memory import SavedTensorMeter
-from ddl.worker.distributed import seed_all
+from ddl.worker.process.distributed import seed_all
 from ddl.worker.loaders import eval_loader, train_loader
 from ddl.worker.precision import Precision
 from ddl.worker.precision import resolve as resolve_precision

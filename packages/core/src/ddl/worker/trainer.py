@@ -6,9 +6,10 @@ the checkpoint ``--resume`` names. Per epoch (``ddl.worker.epoch``): reshuffle, 
 on the validation split, average the metrics over all ranks, print one line on rank 0 and
 append it to ``metrics.jsonl``; a checkpoint (``ddl.worker.checkpoint``) at every epoch's end
 and, with ``--checkpoint-every``, between. After the last epoch: evaluate on the test split,
-export the weights and write ``results.json`` (``ddl.worker.observe.results``). Throughout, the
-observers (``ddl.worker.observe.observers``) show progress on rank 0, keep each rank's live state for
-``ddl watch`` (finished, stopped or failed at the end) and write TensorBoard events.
+export the weights and write ``results.json`` (``ddl.worker.observe.results``). Throughout,
+the observers (``ddl.worker.observe.observers``) show progress on rank 0, keep each rank's
+live state for ``ddl watch`` (finished, stopped or failed at the end) and write TensorBoard
+events.
 
 Timing follows the courses: the first epoch includes one-off costs (allocator warm-up, lazy
 initialisation, data caching), so it is marked ``warmup`` and left out of the summary.
@@ -26,7 +27,8 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
 from ddl.settings import rundir
 from ddl.settings.plan import RunPlan
-from ddl.worker import checkpoint, resume, threads
+from ddl.worker import checkpoint, resume
+from ddl.worker.process import threads
 from ddl.worker.observe import profiling, results, utilisation
 from ddl.worker.control import StepGuard
 from ddl.worker.epoch import train_epoch, validate

@@ -117,7 +117,7 @@ class MeshStrategy(Strategy):
         if self._replicate_only(run):
             bucket_mb = self.option_number("bucket_cap_mb", 25.0, above=0)
             return ddp.replicate(model, world, bucket_mb)
-        # the worker's one mesh (ddl.worker.mesh); callers without one get the layout's
+        # the worker's one mesh (ddl.worker.process.mesh); callers without one get the layout's
         mesh = run.mesh if run.mesh is not None else p.device_mesh(world.device.type)
         units = workload.fsdp_units(model)  # of the whole model, before any cut
         plan = workload.tp_plan(model) if p.tp > 1 else {}

@@ -117,7 +117,7 @@ class Heartbeat:
         return self.store.check([f"{_PREFIX}done/{rank}"])
 
     def _hung(self, rank: int, silent_s: float) -> None:
-        from ddl.worker import crash
+        from ddl.worker.process import crash
 
         if self.stopped.is_set():
             return
@@ -159,7 +159,7 @@ def _own_connection(timeout_s: float):
     same key space as this attempt's workers."""
     import torch.distributed as dist
 
-    from ddl.worker.distributed import this_attempts_keys
+    from ddl.worker.process.distributed import this_attempts_keys
 
     return this_attempts_keys(dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,

@@ -21,7 +21,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
-from ddl.worker import cpu_binding, crash, heartbeat, socket_folder, threads
+from ddl.worker.process import cpu_binding, crash, heartbeat, socket_folder, threads
 
 PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
 
@@ -49,7 +49,7 @@ def _create_run_dir_on_rank0(plan, world) -> None:
 def run(plan, *, create_run_dir: bool) -> None:
     from ddl.contract.plugins import Plugins
     from ddl.worker.checkpoint import latest
-    from ddl.worker.distributed import close_world, init_world
+    from ddl.worker.process.distributed import close_world, init_world
     from ddl.worker.trainer import train
 
     socket_folder.keep_short()  # loader workers' sockets, under a long TMPDIR too

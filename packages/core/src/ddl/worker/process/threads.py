@@ -3,7 +3,7 @@
 Threads per rank = the cores this rank may use / the ranks that share them, unless the user
 set ``OMP_NUM_THREADS``, which wins. "The cores it may use", in order:
 
-1. cores bound to this rank alone (a site's per-GPU core map, ``ddl.worker.entry``): all
+1. cores bound to this rank alone (a site's per-GPU core map, ``ddl.worker.process.entry``): all
    of them;
 2. under Slurm, ``SLURM_CPUS_PER_TASK``: an srun task is one rank and gets them all; a
    per-node launcher's task (torchrun) shares them among its local ranks;
