@@ -99,3 +99,24 @@ def test_a_workload_that_knows_its_flops_is_balanced_by_them():
     assert work.pipeline_cut(net, 2) == [work.pipeline_splits(net)[
         balanced_cut(costs, 2)[0] - 1]]
     assert len(work.pipeline_stages(net, 2)) == 2
+
+
+def test_t5_is_cut_by_its_blocks_work_not_their_count():
+    """xsum cuts T5 itself (an encoder-decoder is no chain), with the same balanced cut over
+    its blocks' multiply-adds: an encoder block sees 512 source tokens, a decoder block 150
+    summary tokens, so t5-3b's 24 + 24 blocks split 18 | 30 at pp=2, not 24 | 24 (by block
+    count the encoder's stage did 66 % of the work)."""
+    from types import SimpleNamespace
+
+    from ddl.contract.plugins import Plugins
+
+    spec = Plugins().workload("xsum")
+    work = spec.create(spec.presets["t5-3b"])
+    blocks = SimpleNamespace(encoder=SimpleNamespace(block=[None] * 24),
+                             decoder=SimpleNamespace(block=[None] * 24))
+    costs = work.pipeline_costs(blocks)
+    assert len(costs) == 48 and costs[0] > 1.9 * costs[30]
+    assert sum(costs) == pytest.approx(work.flops_per_sample() / 6)
+    assert balanced_cut(costs, 2) == [18]
+    assert sum(costs[:18]) / sum(costs) == pytest.approx(0.5, abs=0.01)
+    assert sum(costs[:24]) / sum(costs) > 0.65  # the old cut by count

@@ -261,13 +261,20 @@ class XsumWorkload(Workload):
         tests (within a few per cent).
         """
         s = self._shape()
+        encoder, decoder, head = self._block_macs()
+        macs = s["num_layers"] * encoder + s["num_decoder_layers"] * decoder + head
+        return float(6 * macs)
+
+    def _block_macs(self) -> tuple[int, int, int]:
+        """Forward multiply-adds per sample of one encoder block, one decoder block and the
+        output projection (:meth:`flops_per_sample`'s terms)."""
+        s = self._shape()
         d, ff, inner, V = s["d_model"], s["d_ff"], s["d_kv"] * s["num_heads"], s["vocab_size"]
         S, T = self.source_length, self.target_length
         encoder = (4 * d * inner + 2 * d * ff) * S + 2 * S * S * inner
         decoder = ((4 * d * inner + 2 * d * inner + 2 * d * ff) * T + 2 * d * inner * S
                    + 2 * T * T * inner + 2 * T * S * inner)
-        macs = s["num_layers"] * encoder + s["num_decoder_layers"] * decoder + d * V * T
-        return float(6 * macs)
+        return encoder, decoder, d * V * T
 
     def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
         """Every T5Block of the encoder and the decoder (HF's own ``_no_split_modules``).
@@ -337,13 +344,28 @@ class XsumWorkload(Workload):
 
         return split_names(model)
 
+    def pipeline_costs(self, model: nn.Module) -> list[float]:
+        """Forward multiply-adds of each block at the preset's full lengths, encoder blocks
+        first (:meth:`_block_macs`): an encoder block sees the source's tokens (512 in the
+        course), a decoder block the summary's (150), so at equal counts the encoder's
+        blocks do about twice the work; the output projection counts with the last block."""
+        encoder, decoder, head = self._block_macs()
+        costs = [float(encoder)] * len(model.encoder.block) + \
+            [float(decoder)] * len(model.decoder.block)
+        costs[-1] += head
+        return costs
+
     def pipeline_stages(self, model: nn.Module, n_stages: int) -> list[nn.Module]:
-        """Stages of (nearly) equal numbers of blocks, encoder blocks first: 2 stages on the
-        tiny preset are embedding + encoder | decoder + output projection.
+        """Runs of consecutive blocks, encoder blocks first, balanced by their work
+        (:meth:`pipeline_costs`; ddl.contract.workload.balanced_cut): t5-3b at pp=2 is
+        embedding + 18 encoder blocks | 6 encoder + 24 decoder blocks + output projection
+        (50/50 % of the FLOPs; by block count it was 67/33 %).
 
         From here on batches keep the preset's full lengths instead of being trimmed:
         pipeline stages exchange buffers whose shapes are fixed at the first step."""
         from ddl_xsum.pipeline import build_stages
+
+        from ddl.contract.workload import balanced_cut
 
         splits = self.pipeline_splits(model)
         if not 1 <= n_stages <= len(splits) + 1:
@@ -351,9 +373,8 @@ class XsumWorkload(Workload):
             raise UsageError(f"{n_stages} pipeline stages need {n_stages - 1} split points; "
                              f"this T5 has {len(splits)} (one per block after the first); "
                              f"allowed: at most {len(splits) + 1} stages")
-        n_blocks = len(splits) + 1
         self.trim_batches = False
-        return build_stages(model, [round(i * n_blocks / n_stages) for i in range(1, n_stages)])
+        return build_stages(model, balanced_cut(self.pipeline_costs(model), n_stages))
 
     # --- ROUGE on the test split ----------------------------------------------------------
     def test_report(self, model: nn.Module, dataset: Dataset, world: Any,
