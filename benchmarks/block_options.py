@@ -4,13 +4,13 @@ on this machine (issue 22).
 Activation memory: the bytes one training step keeps for its backward pass, counted by
 ddl's own meter (``ddl.worker.activation_memory``, what results.json reports as
 ``saved_for_backward_bytes``), with ``--activation-checkpointing`` none, full and selective
-applied the way the trainer applies them (``ddl.worker.activation_checkpointing`` on the
+applied the way the trainer applies them (``ddl.worker.build.activation_checkpointing`` on the
 workload's block units). Goal: full <= 0.5 x none for xsum's course shape (t5-base,
 512-token inputs). The batch is capped (``--batch``) to keep a CPU step short: what a
 sample keeps does not depend on how many there are.
 
 Compile: the median optimizer-step time of the same model eager and with its block units
-compiled (``ddl.worker.compiling``, inductor), after warm-up steps that include the
+compiled (``ddl.worker.build.compiling``, inductor), after warm-up steps that include the
 compilation, whose time is reported apart. CPU ratios say what they say here, whatever
 they are; on GPUs compile pays off through fused kernels this machine does not run.
 
@@ -47,7 +47,7 @@ def _prepare(plugin: str, root: Path) -> Path:
 
 def _workload_and_batch(plugin: str, preset: str, batch: int, data: Path):
     from ddl.contract.plugins import Plugins
-    from ddl.worker.loaders import train_loader
+    from ddl.worker.train.loaders import train_loader
 
     spec = Plugins().workload(plugin)
     workload = spec.create(spec.presets[preset])
@@ -70,7 +70,7 @@ def _step(workload, model, optimizer, batch) -> None:
 def activation_memory(plugin: str, preset: str, batch: int, data: Path) -> dict:
     import torch
 
-    from ddl.worker import activation_checkpointing
+    from ddl.worker.build import activation_checkpointing
     from ddl.worker.activation_memory import SavedTensorMeter
 
     row: dict = {"preset": preset, "batch": batch, "saved_for_backward_bytes": {}}
@@ -96,7 +96,7 @@ def compile_ratio(plugin: str, preset: str, batch: int, data: Path, steps: int,
                   warmup: int) -> dict:
     import torch
 
-    from ddl.worker import compiling
+    from ddl.worker.build import compiling
 
     row: dict = {"preset": preset, "batch": batch, "steps": steps, "warmup": warmup}
     before = compiling.compile_seconds() or 0.0  # the process's total so far

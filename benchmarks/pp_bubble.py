@@ -4,7 +4,8 @@ The theory holds when every stage costs the same and communication is free next 
 MNIST tiny is neither (0.86 measured against 0.20), so this benchmark builds the case the
 theory describes: a chain of equal blocks, one per stage, whose hand-off between stages is
 narrow (``boundary`` features). It runs through ddl's real pipeline strategy
-(``ddl_strategies.shorthands.Pipeline``, ddl_strategies.pipeline: the stages, the schedule, the p2p hand-offs, the
+(``ddl_strategies.shorthands.Pipeline``, ddl_strategies.pipeline: the stages, the schedule, the p2p
+hand-offs, the
 per-rank compute timers and ``report()``), only without the trainer around it, and writes
 what ``report()`` says, per schedule and microbatch count, as JSON.
 
@@ -146,7 +147,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     torch.set_num_threads(1)  # one core per stage: stages must not compete for threads
     from ddl.contract.strategy import StrategyContext
     from ddl.worker.process.distributed import init_world
-    from ddl.worker.precision import Precision
+    from ddl.worker.train.precision import Precision
     from ddl_strategies.pipeline import schedule_choice
     from ddl_strategies.shorthands import Pipeline
 
@@ -172,7 +173,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
         inputs = torch.randn(batch, settings.boundary or settings.width,
                              generator=generator).requires_grad_()
         before = time.process_time()
-        optimizer.zero_grad(set_to_none=True)  # the trainer's step (ddl.worker.step)
+        optimizer.zero_grad(set_to_none=True)  # the trainer's step (ddl.worker.train.step)
         strategy.forward_backward(model, [(inputs, inputs)], run, precision)
         precision.step(optimizer)
         if step == 0 and settings.start_together:

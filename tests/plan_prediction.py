@@ -22,9 +22,10 @@ def _workload(plugin: str, preset: str, data_dir: Path):
 def measured_batches(workload, data_dir: Path, results: dict[str, Any], dp_rank: int,
                      seed: int) -> list[tuple[Any, Any]]:
     """The micro-batches data-parallel share ``dp_rank`` trained on while the meter counted
-    (the first two steps, or one), from the run's own loader (ddl.worker.loaders.train_loader, the
+    (the first two steps, or one), from the run's own loader
+    (ddl.worker.train.loaders.train_loader, the
     same sampler, seed and epoch 1), through ``to_device`` as the run did it."""
-    from ddl.worker.loaders import train_loader
+    from ddl.worker.train.loaders import train_loader
 
     batch, world = results["batch"], results["world"]
     loader = train_loader(workload.datasets(data_dir)["train"], batch_size=batch["micro"],

@@ -5,7 +5,7 @@ same trainer, the same model.pt and results.json, without starting processes.
 local workers: parse the flags with ddl's own parser, merge them with the site defaults,
 make the run plan (ddl.settings.plan), create the run directory, write plan.json and
 config.json. ``train_cell`` is the cell every rank of the pool runs:
-``ddl.worker.trainer.train`` - what ``python -m ddl.worker`` calls after joining the process
+``ddl.worker.train.trainer.train`` - what ``python -m ddl.worker`` calls after joining the process
 group - with a World for the pool's group. Rank 0 thus writes model.pt with the worker's own
 export and results.json with its own memory numbers; the cell returns both from rank 0.
 (``peak_rss_bytes`` there is the rank process's peak over every cell it has run so far.)
@@ -48,7 +48,7 @@ def train_cell(plan) -> dict[str, Any] | None:
 
     from ddl.contract.world import World
     from ddl.settings import rundir
-    from ddl.worker.trainer import train
+    from ddl.worker.train.trainer import train
 
     rank = dist.get_rank()
     world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),

@@ -172,7 +172,7 @@ class RankPool:
 # pool, which a fork would copy half-alive; the fork server is a fresh interpreter that has
 # run nothing. (Its sys.path is the interpreter's own: modules of tests/ load in each child.)
 PRELOAD = ["torch", "torch.distributed", "torchvision", "transformers", "datasets",
-           "ddl.worker.trainer", "ddl.commands.cli", "ddl.commands.train", "ddl.launch.local",
+           "ddl.worker.train.trainer", "ddl.commands.cli", "ddl.commands.train", "ddl.launch.local",
            "torch.distributed.launcher.api"]
 _server_env: list[dict[str, str]] = []
 _SESSION_ENV = dict(os.environ)  # at import: conftest imports this (via cli_fork) first

@@ -3,7 +3,7 @@
 A run's accuracy or loss alone says little: a threshold set just under what one CPU reached
 fails on another CPU whose float rounding, amplified over a few epochs, lands lower (issue 44).
 The model ddl builds at the run's seed, before any step, evaluated on the same split with
-ddl's own evaluation (ddl.worker.evaluation), is the reference that "it learned" is measured
+ddl's own evaluation (ddl.worker.train.evaluation), is the reference that "it learned" is measured
 from; docs/testing.md ("How learning thresholds are chosen") says how the margin is set.
 """
 
@@ -17,8 +17,8 @@ import torch
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.worker.process.distributed import seed_all
-from ddl.worker.evaluation import evaluate
-from ddl.worker.loaders import eval_loader
+from ddl.worker.train.evaluation import evaluate
+from ddl.worker.train.loaders import eval_loader
 
 
 def learning_seed(default: int = 1) -> int:
@@ -28,7 +28,7 @@ def learning_seed(default: int = 1) -> int:
 
 
 def untrained_metrics(workload: Workload, data_dir: Path, split: str, seed: int) -> dict:
-    """Metrics of the model ddl builds at ``seed`` (ddl.worker.setup seeds, then builds),
+    """Metrics of the model ddl builds at ``seed`` (ddl.worker.train.setup seeds, then builds),
     before any step, over ``split`` of the workload's datasets, in one process on the CPU."""
     splits = workload.datasets(data_dir)
     seed_all(seed)

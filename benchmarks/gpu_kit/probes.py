@@ -100,12 +100,13 @@ def _tensors(batch) -> list:
 
 def loader(device: str, plugin: str, preset: str, data_dir: str, workers: int,
            batches: int) -> dict:
-    """ddl's own training loader (ddl.worker.loaders.train_loader) with and without pinned memory:
+    """ddl's own training loader (ddl.worker.train.loaders.train_loader) with and without pinned
+    memory:
     batches/s, whether the batches really arrive pinned, and the host-to-device copy rate
     of ``Workload.to_device`` (non_blocking; synchronised here to time it)."""
     import torch
 
-    from ddl.worker.loaders import train_loader
+    from ddl.worker.train.loaders import train_loader
     from ddl.contract.plugins import Plugins
 
     spec = Plugins().workload(plugin)

@@ -50,7 +50,7 @@ def _train(data, run_dir, *extra):
 
 def _rewrite_manifest(path):
     """What someone who may write the checkpoint can do: make the manifest match again."""
-    from ddl.worker import checkpoint_manifest as manifest
+    from ddl.worker.checkpointing import checkpoint_manifest as manifest
 
     manifest.write(path, manifest.entries(path, manifest.file_names(path)))
 
@@ -93,7 +93,7 @@ def _craft_bytes_item(path, target):
 
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    from ddl.worker import safe_load
+    from ddl.worker.checkpointing import safe_load
 
     metadata = safe_load.read_metadata(path)
     index = next(i for i in sorted(metadata.storage_data, key=lambda i: i.fqn)
@@ -186,7 +186,7 @@ def test_naming_a_crafted_checkpoint_fails_in_one_line_and_runs_nothing(trained,
 def test_load_model_weights_refuses_crafted_and_damaged_checkpoints(trained):
     """In-process: the inference/export path verifies and allow-lists as a resume does."""
     from ddl.contract.errors import UsageError
-    from ddl.worker.checkpoint import load_model_weights
+    from ddl.worker.checkpointing.checkpoint import load_model_weights
     from ddl_mnist.plugin import PRESETS
     from ddl_mnist.workload import MnistWorkload
 

@@ -15,9 +15,9 @@ def _worker(rank, world_size, init_file, n, queue):
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
-    from ddl.worker.loaders import eval_loader
+    from ddl.worker.train.loaders import eval_loader
     from ddl.contract.world import World
-    from ddl.worker.trainer import evaluate
+    from ddl.worker.train.trainer import evaluate
 
     class Echo:
         """A workload whose 'model' returns its input: metrics are the sample values."""

@@ -14,7 +14,7 @@ def split_sizes(plan) -> dict:
     import torch.distributed as dist
 
     from ddl.contract.world import World
-    from ddl.worker.setup import set_up
+    from ddl.worker.train.setup import set_up
 
     world = World(rank=dist.get_rank(), local_rank=dist.get_rank(),
                   size=dist.get_world_size(), device=torch.device("cpu"), backend="gloo")

@@ -3,7 +3,7 @@
 xsum's model directory gets Hugging Face safetensors the test writes (random weights of a
 bigger T5 than the tiny preset's, in the real format ``save_pretrained`` writes: one file,
 and sharded with an index). Each rank of a real gloo group then runs the worker's own
-set-up (ddl.worker.setup.set_up: the meta-device build, the strategy's split, the loading)
+set-up (ddl.worker.train.setup.set_up: the meta-device build, the strategy's split, the loading)
 under FSDP and under tensor parallel, and:
 
 - every parameter assembled from the ranks' shards (``DTensor.full_tensor``: a real
@@ -56,7 +56,7 @@ def loaded_cell(plan, weights_dir: str) -> dict:
 
     from ddl.contract.world import World
     from ddl.worker.build.materialize import canonical
-    from ddl.worker.setup import set_up
+    from ddl.worker.train.setup import set_up
     from ddl.worker.build.weights_file import WeightsFile
 
     rank = dist.get_rank()

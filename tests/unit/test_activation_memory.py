@@ -93,11 +93,12 @@ def test_gradients_are_unchanged_under_the_meter():
 
 
 def test_probe_with_sync_bn_on_cpu_is_what_the_cpu_kernels_keep(tmp_path):
-    """--sync-bn on a CPU converts BatchNorm to ddl.worker.sync_bn's float64 layer (1.7x
+    """--sync-bn on a CPU converts BatchNorm to ddl.worker.build.sync_bn's float64 layer (1.7x
     the bytes of plain BatchNorm in CIFAR's ResNet): the probe converts as the run does,
     and on the meta device counts what a real CPU forward of the converted model keeps."""
     from ddl.contract.plugins import Plugins
-    from ddl.worker import plan_probe, sync_bn
+    from ddl.worker import plan_probe
+    from ddl.worker.build import sync_bn
 
     spec = Plugins().workload("cifar")
     workload = spec.create(spec.presets["tiny"])
@@ -141,7 +142,7 @@ def test_selective_checkpointing_keeps_count_while_torch_holds_them():
     batches, 1F1B-like, holds one micro-batch's at a time; GPipe-like, both. (They were
     summed over the step, so a pipeline's measured activations counted every micro-batch's
     kept outputs where only the ones in flight are held: CIFAR tiny pp=2 read 1.4x.)"""
-    from ddl.worker import activation_checkpointing
+    from ddl.worker.build import activation_checkpointing
 
     unit = _Unit()
     activation_checkpointing.apply([unit], "selective")

@@ -1,5 +1,5 @@
 """BatchNorm that does not depend on how a batch is cut: ghost BN (ddl.contract.batchnorm,
-pipelines) and `--sync-bn` (ddl.worker.sync_bn, data parallelism, any workload).
+pipelines) and `--sync-bn` (ddl.worker.build.sync_bn, data parallelism, any workload).
 
 Statistics summed over 2 real ranks are checked end to end in tests/distributed/
 test_cifar_train.py; here the single-process behaviour, the conversion and the refusals.
@@ -17,8 +17,8 @@ from ddl.contract.batchnorm import GhostBatchNorm2d, convert
 from ddl.contract.errors import UsageError
 from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
-from ddl.worker import sync_bn
-from ddl.worker.sync_bn import CrossReplicaBatchNorm
+from ddl.worker.build import sync_bn
+from ddl.worker.build.sync_bn import CrossReplicaBatchNorm
 
 pytestmark = pytest.mark.unit
 

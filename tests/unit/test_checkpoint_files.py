@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ddl.contract import state_names
-from ddl.worker import checkpoint
+from ddl.worker.checkpointing import checkpoint
 from ddl.contract.errors import UsageError
 
 pytestmark = pytest.mark.unit
@@ -129,7 +129,7 @@ def test_resume_refuses_a_position_beyond_this_runs_epoch(tmp_path):
     exit 2, instead of skipping the epoch (issue 43, item 9)."""
     from types import SimpleNamespace
 
-    from ddl.worker import resume
+    from ddl.worker.checkpointing import resume
 
     path = tmp_path / "checkpoints" / "step-00000005"
     path.mkdir(parents=True)

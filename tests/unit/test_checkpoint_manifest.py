@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from ddl.contract.errors import UsageError
-from ddl.worker import checkpoint, checkpoint_choice, checkpoint_manifest, safe_load
+from ddl.worker.checkpointing import checkpoint, checkpoint_choice, checkpoint_manifest, safe_load
 
 pytestmark = pytest.mark.unit
 

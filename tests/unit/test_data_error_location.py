@@ -10,8 +10,8 @@ import importlib
 import pytest
 
 from conftest import install_plugin
-from ddl.worker.loaders import train_loader
-from ddl.worker.samples import SampleError
+from ddl.worker.train.loaders import train_loader
+from ddl.worker.train.samples import SampleError
 
 pytestmark = pytest.mark.unit
 

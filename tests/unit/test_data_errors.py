@@ -1,4 +1,4 @@
-"""Data errors name the split and the sample, through ddl's real loaders (ddl.worker.loaders),
+"""Data errors name the split and the sample, through ddl's real loaders (ddl.worker.train.loaders),
 in this process and across DataLoader worker processes; and the one-line summary of the
 failed ranks (ddl.worker.process.crash.summary) that the local launcher prints."""
 
@@ -12,8 +12,8 @@ from torch.utils.data import Dataset, TensorDataset
 
 from ddl.contract.errors import DataError
 from ddl.worker.process.crash import summary
-from ddl.worker.loaders import eval_loader, train_loader
-from ddl.worker.samples import SampleError
+from ddl.worker.train.loaders import eval_loader, train_loader
+from ddl.worker.train.samples import SampleError
 
 pytestmark = pytest.mark.unit
 

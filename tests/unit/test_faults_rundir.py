@@ -88,7 +88,7 @@ def test_stop_file_is_consumed_when_the_stop_is_honoured(tmp_path):
     import torch
 
     from ddl.contract.world import World
-    from ddl.worker.control import STOP_FILE, StepGuard
+    from ddl.worker.train.control import STOP_FILE, StepGuard
 
     (tmp_path / STOP_FILE).touch()
     guard = StepGuard(World(rank=0, local_rank=0, size=1, device=torch.device("cpu"),
@@ -128,7 +128,7 @@ def test_write_errors_become_one_line_and_reads_do_not(tmp_path):
     is tests/distributed/test_faults_disk.py)."""
     import errno
 
-    from ddl.worker.write_errors import one_line
+    from ddl.worker.checkpointing.write_errors import one_line
 
     full = OSError(errno.ENOSPC, "No space left on device")
     wrapped = BaseException("CheckpointException ranks:dict_keys([0])")

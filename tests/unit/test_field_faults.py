@@ -133,7 +133,7 @@ def test_node_crossings_by_arithmetic_match_the_groups():
 # --- 18: file-system refusals ---------------------------------------------------------------
 
 def test_resume_from_a_path_too_long(tmp_path):
-    from ddl.worker.checkpoint import resolve
+    from ddl.worker.checkpointing.checkpoint import resolve
 
     with pytest.raises(UsageError) as caught:
         resolve(LONG, tmp_path)
@@ -280,7 +280,7 @@ def test_the_stop_names_the_signal_the_launcher_received(tmp_path, capfd):
 
     from ddl.contract.world import World
     from ddl.launch.local import _forget_signal, _StopForwarder
-    from ddl.worker import control
+    from ddl.worker.train import control
 
     forward = _StopForwarder(tmp_path)
     forward(signal.SIGTERM, None)  # no workers yet: the STOP file, and the signal's name

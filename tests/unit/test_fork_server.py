@@ -36,7 +36,7 @@ def test_a_running_thread_forbids_the_fork_and_is_named():
 
 def test_preload_names_hold_torch_and_the_trainer():
     names = fork_server.preload_names()
-    assert names[:3] == ["torch", "torch.distributed", "ddl.worker.trainer"]
+    assert names[:3] == ["torch", "torch.distributed", "ddl.worker.train.trainer"]
 
 
 def test_the_launcher_asks_torch_for_accelerators_only_after_forking_its_server(

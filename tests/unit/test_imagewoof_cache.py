@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddl.worker.loaders import train_loader
+from ddl.worker.train.loaders import train_loader
 from ddl_imagewoof import cached_folder, crops, decode_cache, synthetic
 from ddl_imagewoof.plugin import PRESETS
 from ddl_imagewoof.workload import ImagewoofWorkload

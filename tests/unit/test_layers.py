@@ -37,7 +37,7 @@ def test_the_layer_contract_is_kept():
 @pytest.mark.parametrize("module, upward", [
     ("contract/errors.py", "from ddl.settings import sites"),
     ("settings/config.py", "from ddl.worker import trainer"),
-    ("worker/trainer.py", "from ddl.launch import slurm"),
+    ("worker/train/trainer.py", "from ddl.launch import slurm"),
     ("launch/submit.py", "from ddl.commands import cli"),
 ])
 def test_a_planted_upward_import_breaks_the_contract(tmp_path, module, upward):
@@ -57,15 +57,15 @@ def test_a_planted_upward_import_breaks_the_contract(tmp_path, module, upward):
 
 
 def test_a_plugin_importing_the_worker_breaks_the_contract(tmp_path):
-    """ddl_strategies' pipeline once imported ddl.worker.precision (issue 50)."""
+    """ddl_strategies' pipeline once imported ddl.worker.train.precision (issue 50)."""
     strategies = REPO / "packages" / "plugins" / "strategies" / "src" / "ddl_strategies"
     copy = tmp_path / "src" / "ddl_strategies"
     shutil.copytree(strategies, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / "pipeline.py"
     target.write_text(target.read_text() + "\n\ndef _planted():\n"
-                      "    from ddl.worker.precision import resolve\n")
+                      "    from ddl.worker.train.precision import resolve\n")
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     proc = _lint(tmp_path, f"{tmp_path / 'src'}:{CORE.parent}")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 kept, 1 broken" in proc.stdout, proc.stdout
-    assert "ddl_strategies.pipeline -> ddl.worker.precision" in proc.stdout, proc.stdout
+    assert "ddl_strategies.pipeline -> ddl.worker.train.precision" in proc.stdout, proc.stdout

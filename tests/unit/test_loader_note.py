@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddl.worker.epoch import LOADER_BOUND, loader_note
+from ddl.worker.train.epoch import LOADER_BOUND, loader_note
 
 pytestmark = pytest.mark.unit
 

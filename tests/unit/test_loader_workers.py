@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ddl.settings.plan import MAX_LOADER_WORKERS, loader_workers, usable_cores
-from ddl.worker.loaders import DeviceBatches, train_loader
+from ddl.worker.train.loaders import DeviceBatches, train_loader
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ddl.worker import lr_schedule
+from ddl.worker.train import lr_schedule
 
 pytestmark = pytest.mark.unit
 

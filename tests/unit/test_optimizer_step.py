@@ -1,4 +1,4 @@
-"""The trainer owns the optimizer step (ddl.worker.step, issue 50): zero_grad -> the
+"""The trainer owns the optimizer step (ddl.worker.train.step, issue 50): zero_grad -> the
 strategy's forward_backward -> clip -> optimizer -> lr schedule. A strategy written for
 contract 2.0 that runs the whole step itself (overrides train_step/train_steps) is still
 called that way, with one deprecation warning. ddl's own strategies never step the
@@ -17,9 +17,9 @@ from torch import nn
 
 from ddl.contract.deprecation import ContractDeprecationWarning
 from ddl.contract.strategy import Strategy, StrategyContext
-from ddl.worker import step as step_module
-from ddl.worker.precision import Precision
-from ddl.worker.step import optimizer_step
+from ddl.worker.train import step as step_module
+from ddl.worker.train.precision import Precision
+from ddl.worker.train.step import optimizer_step
 
 pytestmark = pytest.mark.unit
 
@@ -121,7 +121,7 @@ def test_a_strategy_that_runs_the_whole_step_is_still_called_and_warned(monkeypa
 
 
 def test_ddls_strategies_never_step_the_optimizer():
-    """Only the trainer does (ddl.worker.step); the pipeline once had its own."""
+    """Only the trainer does (ddl.worker.train.step); the pipeline once had its own."""
     sources = (REPO / "packages" / "plugins" / "strategies" / "src" / "ddl_strategies")
     calls = [f"{path.name}:{n}" for path in sources.glob("*.py")
              for n, line in enumerate(path.read_text().splitlines(), 1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddl.contract.errors import UsageError
-from ddl.worker.precision import Precision, resolve
+from ddl.worker.train.precision import Precision, resolve
 
 pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")

@@ -1,4 +1,5 @@
-"""results.json as ``ddl.worker.observe.results.assemble`` builds it: the summary's first-epoch rule,
+"""results.json as ``ddl.worker.observe.results.assemble`` builds it: the summary's first-epoch
+rule,
 the sources of a few fields, and every field documented in docs/results.md.
 
 The inputs are those a finished 2-rank CPU run would pass (the real mnist plugin, a real
@@ -17,8 +18,8 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig
 from ddl.worker.observe import results
-from ddl.worker.checkpoint import TrainerState
-from ddl.worker.setup import Layout
+from ddl.worker.checkpointing.checkpoint import TrainerState
+from ddl.worker.train.setup import Layout
 
 pytestmark = pytest.mark.unit
 

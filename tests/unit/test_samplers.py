@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from ddl.worker.loaders import EvalShardSampler, train_loader
-from ddl.worker.metrics import MetricSums
+from ddl.worker.train.loaders import EvalShardSampler, train_loader
+from ddl.worker.train.metrics import MetricSums
 
 pytestmark = pytest.mark.unit
 

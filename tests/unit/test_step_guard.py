@@ -1,4 +1,4 @@
-"""The step guard checks every k steps (ddl.worker.control.StepGuard, --check-every): a
+"""The step guard checks every k steps (ddl.worker.train.control.StepGuard, --check-every): a
 non-finite loss between checks is kept on the device and named at the next check with the
 step where it began; a check the trainer forces (before a checkpoint, at an epoch's end)
 comes at once."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddl.contract.world import World
-from ddl.worker.control import StepGuard, TrainingDiverged
+from ddl.worker.train.control import StepGuard, TrainingDiverged
 
 pytestmark = pytest.mark.unit
 

@@ -69,7 +69,7 @@ def test_derived_metrics_come_from_the_exact_means():
     import math
 
     from ddl.contract.plugins import Plugins
-    from ddl.worker.evaluation import with_derived
+    from ddl.worker.train.evaluation import with_derived
 
     spec = Plugins().workload("xsum")
     xsum = spec.create(spec.presets["tiny"])

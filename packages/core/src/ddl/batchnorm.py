@@ -3,7 +3,7 @@
 The names of the 1.x path keep working, each with a ContractDeprecationWarning naming the
 new import, until contract 2.1 (CHANGELOG.md; docs/plugin-authors.md, "Migrating plugins").
 Cross-replica BatchNorm is no longer a workload's choice: ``--sync-bn`` applies it to any
-model (ddl.worker.sync_bn), and ``convert`` knows the kinds "plain" and "ghost" only.
+model (ddl.worker.build.sync_bn), and ``convert`` knows the kinds "plain" and "ghost" only.
 """
 
 from ddl.contract.deprecation import moved_module

@@ -105,10 +105,10 @@ def _preflight(plan, plugins, may_generate_data: bool):
     import torch
 
     from ddl.contract.world import World
-    from ddl.worker.trainer import build
+    from ddl.worker.train.trainer import build
 
     if config.resume not in ("none", "auto"):
-        from ddl.worker.checkpoint import resolve
+        from ddl.worker.checkpointing.checkpoint import resolve
 
         resolve(config.resume, Path("."))  # a wrong path: one line now, not from N workers
     gpu = _uses_gpu(config, site)
@@ -129,10 +129,10 @@ def _preflight(plan, plugins, may_generate_data: bool):
         raise _refused(exc, data_dir, "read") from None
     except OSError as exc:  # generating a synthetic stand-in on a full disk
         raise _write_failed(exc, data_dir) from None
-    from ddl.worker.setup import check_model_fits
+    from ddl.worker.train.setup import check_model_fits
 
     check_model_fits(strategy, context, layout, data_dir)
-    from ddl.worker.setup import resolved_of
+    from ddl.worker.train.setup import resolved_of
 
     # build() decided the precision for this device kind (auto: bf16 or fp16 on GPUs)
     return plan.model_copy(update={"resolved": resolved_of(layout, context,

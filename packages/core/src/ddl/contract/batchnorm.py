@@ -11,7 +11,7 @@ updated group by group in the same order. It equals ``nn.BatchNorm2d`` in evalua
 
 Workloads build plain BatchNorm and call :func:`convert` when a preset asks for ghost BN.
 For data parallelism the core has ``--sync-bn`` (statistics over all ranks, any workload:
-ddl.worker.sync_bn), so no workload needs a variant for that. Imports torch: not for the
+ddl.worker.build.sync_bn), so no workload needs a variant for that. Imports torch: not for the
 CLI's fast paths.
 """
 

@@ -2,7 +2,7 @@
 
 Strategies name parameters as their wrappers do (``module.`` prefixes, pipeline stages);
 checkpoints use one name per parameter so that any strategy can load them. The default
-``Strategy.checkpoint_state`` uses these; ddl.worker.checkpoint writes the result."""
+``Strategy.checkpoint_state`` uses these; ddl.worker.checkpointing.checkpoint writes the result."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ The trainer calls, in order: :meth:`~Strategy.resolve_layout` and :meth:`~Strate
 (before anything is built; the CLI's pre-flight runs them too, and
 :meth:`~Strategy.check_model` on a meta-device model), :meth:`~Strategy.wrap`, then per
 optimizer step :meth:`~Strategy.forward_backward` and :meth:`~Strategy.clip_gradients`
-(the trainer owns the step around them: ddl.worker.step), :meth:`~Strategy.eval_step` for
+(the trainer owns the step around them: ddl.worker.train.step), :meth:`~Strategy.eval_step` for
 evaluation and :meth:`~Strategy.full_state_dict` to export the trained weights. The
 strategies ddl ships are one recipe, ``ddl_strategies.compose``.
 """
@@ -32,13 +32,13 @@ if TYPE_CHECKING:
 
     from ddl.contract.workload import Workload
     from ddl.contract.world import World
-    from ddl.worker.precision import Precision
+    from ddl.worker.train.precision import Precision
 
 
 @dataclass(frozen=True)
 class StrategyContext:
     """What every strategy call may need about its run, made once by the trainer
-    (``ddl.worker.setup.build``) and passed as an argument."""
+    (``ddl.worker.train.setup.build``) and passed as an argument."""
 
     world: World
     layout: ParallelLayout  # the degrees (Strategy.resolve_layout of --mesh)
@@ -171,7 +171,7 @@ class Strategy(ABC):
         """Forward and backward over an optimizer step's micro-batches (one, or several
         with gradient accumulation), leaving in the parameters' ``.grad`` the gradients of
         their mean loss, synchronised over the replicas. The trainer owns the rest of the
-        step (ddl.worker.step: zero_grad before, clipping, the optimizer and the
+        step (ddl.worker.train.step: zero_grad before, clipping, the optimizer and the
         learning-rate schedule after); a strategy never calls the optimizer. Returns
         (detached mean loss, outputs per micro-batch: None where a rank computes none).
 
@@ -200,7 +200,7 @@ class Strategy(ABC):
                     run: StrategyContext, optimizer: torch.optim.Optimizer,
                     precision: Precision) -> tuple[Any, list[Any], Any]:
         """Deprecated (goes in contract 2.1): one whole optimizer step, as the trainer now
-        runs it itself (ddl.worker.step). Override :meth:`forward_backward` (and
+        runs it itself (ddl.worker.train.step). Override :meth:`forward_backward` (and
         :meth:`clip_gradients`) instead; a strategy that still overrides this method (or
         :meth:`train_step`) is called the old way, with a warning. Returns (mean loss,
         outputs per micro-batch, the gradient norm before clipping or None)."""

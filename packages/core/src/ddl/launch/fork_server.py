@@ -37,7 +37,7 @@ _MAIN_PARAMETERS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path"
 def preload_names() -> list[str]:
     """What the server holds for every worker: torch, ddl's trainer, torchvision where
     installed, and the libraries the launcher's pre-flight needed (transformers for xsum)."""
-    names = ["torch", "torch.distributed", "ddl.worker.trainer"]
+    names = ["torch", "torch.distributed", "ddl.worker.train.trainer"]
     names += [name for name in ("torchvision",) if importlib.util.find_spec(name)]
     names += [name for name in ("transformers", "datasets", "accelerate") if name in sys.modules]
     return names

@@ -28,7 +28,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError
 from ddl.launch import fork_server
 from ddl.worker.process import crash, socket_folder, threads
-from ddl.worker.control import STOP_FILE, STOP_SIGNAL_FILE
+from ddl.worker.train.control import STOP_FILE, STOP_SIGNAL_FILE
 from ddl.worker.process.entry import LAUNCHER_PID, WORKER_NAME, forked
 
 
@@ -39,7 +39,7 @@ def launch_local(run_dir: Path, nproc: int, max_restarts: int = 0,
     (``ddl.launch.fork_server``)."""
     check_loopback()
     if nproc == 1:
-        from ddl.worker import control
+        from ddl.worker.train import control
         from ddl.worker.process.entry import main as worker_main
 
         kept = _handlers((signal.SIGTERM, signal.SIGUSR1))
@@ -203,7 +203,7 @@ def _forget_signal(run_dir: Path) -> None:
 
 def _stop_then_end(signum: int, frame) -> None:
     """SIGTERM to a one-process run: a clean stop; the second one ends it at once."""
-    from ddl.worker import control
+    from ddl.worker.train import control
 
     if not control.stop_requested():
         control.request_stop(signum)

@@ -125,7 +125,7 @@ class RunConfig(BaseModel):
     profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
                          "torch.profiler on every rank (0 = off; ddl.worker.observe.profiling)")
     tf32: bool = Field(True, description="fp32 matrix products on a GPU's tensor cores "
-                       "(TF32; no effect on CPUs; ddl.worker.precision.allow_tf32)")
+                       "(TF32; no effect on CPUs; ddl.worker.train.precision.allow_tf32)")
     count_syncs: bool = Field(False, description="count the host-device synchronisations "
                               "of every step (rank 0; ddl.worker.observe.step_breakdown)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -138,7 +138,7 @@ class RunConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=0, le=MAX_COUNT,
                                   description="newest checkpoints kept; 0 = none written")
     async_checkpoint: bool = Field(False, description="write checkpoints in a thread while "
-                                   "training goes on (ddl.worker.checkpoint_writer)")
+                                   "training goes on (ddl.worker.checkpointing.checkpoint_writer)")
     resume: str = Field(
         "none", min_length=1, description="'auto': continue from this run dir's newest "
         "checkpoint if it has one; a checkpoint or run directory: start from it; 'none'")

@@ -4,14 +4,15 @@
     <run_dir>/metrics.jsonl  one JSON object per epoch, appended as training goes
     <run_dir>/results.json   the summary: resolved layout, per-epoch times, final metrics
     <run_dir>/model.pt       the trained weights (a plain state_dict; torch.load(weights_only=True))
-    <run_dir>/checkpoints/   resumable training state (see ddl.worker.checkpoint)
+    <run_dir>/checkpoints/   resumable training state (see ddl.worker.checkpointing.checkpoint)
     <run_dir>/live/rank-<r>.json  each rank's live state for ``ddl watch``, replaced at most
                              every 2 s while it trains (ddl.worker.observe.live: epoch, step, recent
                              samples/s, loss, CPU/GPU use, memory, time), and once more at
                              the end with ``state`` finished, stopped or failed
     <run_dir>/tensorboard/   TensorBoard event files of rank 0 (per logged step the loss; per
                              epoch the metrics, samples/s, data-wait share, lr), when the
-                             ``tensorboard`` package is installed (ddl.worker.observe.tensorboard_events)
+                             ``tensorboard`` package is installed
+                             (ddl.worker.observe.tensorboard_events)
 
 Files are written to a temporary name and renamed, so a crash never leaves half a file (also
 the appends to metrics.jsonl); they get the usual permissions (0666 less the umask). A
@@ -134,12 +135,12 @@ def _checkpoints_usable(run_dir: Path) -> None:
     """``checkpoints/`` must be a directory and ``checkpoints/latest`` a file (or absent):
     either the other way round was found only at the first checkpoint, after training ran,
     as a raw errno line. Refused before anything starts; nothing there is changed."""
-    checkpoints = run_dir / "checkpoints"  # ddl.worker.checkpoint.DIR (no torch here)
+    checkpoints = run_dir / "checkpoints"  # ddl.worker.checkpointing.checkpoint.DIR (no torch here)
     if checkpoints.exists() and not checkpoints.is_dir():
         raise UsageError(f"--run-dir: {checkpoints} is not a directory, and the run keeps "
                          "its checkpoints there; allowed: a run directory whose "
                          "'checkpoints' is a directory or absent (move that file away)")
-    latest = checkpoints / "latest"  # ddl.worker.checkpoint.LATEST
+    latest = checkpoints / "latest"  # ddl.worker.checkpointing.checkpoint.LATEST
     if latest.exists() and not latest.is_file():
         raise UsageError(f"--run-dir: {latest} is not a file, and each checkpoint writes "
                          "the newest one's name there; allowed: a file or nothing at that "

@@ -1,12 +1,20 @@
 """The worker side: what each training process runs once a launcher has started it.
 
-``entry`` joins the process group and hands over to ``trainer``, whose loop is built from
-``setup`` (plugins, model, optimizer, loaders), ``resume``, ``epoch`` (steps, validation),
-``evaluation`` and ``results`` (results.json); around it the pieces of a run:
-``distributed`` (process group, devices), ``loaders`` (sharded data loading),
-``precision``, ``checkpoint``, ``control`` (stop requests, guards), ``metrics``, ``memory``,
-``mfu``, ``profiling``, ``utilisation``, ``sync_bn`` (``--sync-bn``); ``observers``: rank 0's
-``progress`` bar or lines, every rank's ``live`` state (``ddl watch``), rank 0's
-``tensorboard_events``. Imports settings and the contract, never launching
-or commands. ``python -m ddl.worker`` starts one worker (torch's launchers do that).
+In rooms by concern, each with a docstring listing what it holds:
+
+- ``process``: one process from start to end: ``entry`` (the one code path every worker
+  runs), the process group, the mesh, threads and CPU binding, heartbeats, crash lines.
+- ``build``: the model a rank trains: built whole or on the meta device, materialised
+  shard by shard, pretrained weights, the block options (checkpointing, compile, sync-bn).
+- ``train``: the loop: ``setup``, ``trainer``, ``epoch``, ``step`` (one optimizer step, top
+  to bottom), loaders, precision, lr schedule, stop control, exact metrics.
+- ``checkpointing``: save, verify, choose and resume checkpoints, safely.
+- ``observe``: what watches without changing the numbers: progress, live state,
+  TensorBoard, the step breakdown, profiling, utilisation, results.json.
+
+At the top: ``memory`` and ``mfu`` (what a rank holds, the FLOPs share of its peak), and
+the planner's probes run in the CLI process (``planner``, ``plan_probe``,
+``autocast_probe``, ``activation_memory``, ``collective_probe``), which move to a room of
+their own with the rest of ``ddl plan``. Imports settings and the contract, never
+launching or commands. ``python -m ddl.worker`` starts one worker (torch's launchers do).
 """

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ddl.worker import activation_checkpointing
+from ddl.worker.build import activation_checkpointing
 
 
 def _is_parameter(tensor: torch.Tensor) -> bool:

@@ -31,7 +31,7 @@ SIXTEEN_BIT = ("bf16", "fp16")
 def planned_precision(requested: str, device_kind: str) -> str:
     """The precision a run on ``device_kind`` computes in: ``auto`` is 16-bit autocast on
     GPUs (bf16, or fp16 on GPUs without bf16: the same bytes) and fp32 on a CPU
-    (ddl.worker.precision.resolve)."""
+    (ddl.worker.train.precision.resolve)."""
     if requested != "auto":
         return requested
     return "fp32" if device_kind == "cpu" else "bf16"

@@ -14,7 +14,7 @@ shapes is ddl.settings.memory_model.
 
 What the probe must reproduce of a run, found measuring the equivalence matrix (issue 41):
 
-* ``--sync-bn`` on a CPU replaces BatchNorm by ddl.worker.sync_bn's float64 layer, which
+* ``--sync-bn`` on a CPU replaces BatchNorm by ddl.worker.build.sync_bn's float64 layer, which
   keeps the input's float64 copy and its centred, scaled intermediates: 700 268 bytes
   where plain BatchNorm keeps 420 612 in CIFAR's tiny ResNet at 8 samples (1.66x), and
   19.3 MB for 7.79 MB in Imagewoof's tiny-exact xresnet (2.48x). The meta-device forward
@@ -43,7 +43,8 @@ from torch import nn
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
 from ddl.settings.memory_model import OptimizerCost, ParamShape, model_state
-from ddl.worker import activation_checkpointing, autocast_probe
+from ddl.worker import autocast_probe
+from ddl.worker.build import activation_checkpointing
 from ddl.worker.activation_memory import SavedTensorMeter
 
 # (style, module type) -> the dimension DTensor shards the weight / bias on
@@ -201,14 +202,14 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     device) through ``model`` (built on the meta device, consumed: it is narrowed and
     checkpointed in place) and count what each stage saves for backward. ``sync_bn``:
     the run's ``--sync-bn`` on a ``device_type`` device, converted as the run converts
-    (ddl.worker.sync_bn): on a CPU its float64 BatchNorm keeps more (the whole model's
+    (ddl.worker.build.sync_bn): on a CPU its float64 BatchNorm keeps more (the whole model's
     activations: 1.66x in cifar tiny, 2.48x in imagewoof tiny-exact); torch's
     SyncBatchNorm (GPUs) keeps what plain BatchNorm keeps, so the probe leaves plain
     BatchNorm there (torch's refuses the meta device). ``precision`` bf16/fp16: the
     forward runs on fake ``device_type`` tensors under torch's autocast
     (ddl.worker.autocast_probe)."""
     if sync_bn:
-        from ddl.worker import sync_bn as sync
+        from ddl.worker.build import sync_bn as sync
 
         if device_type not in sync.TORCH_SYNC_DEVICES:
             model, _ = sync.convert(model, torch.device(device_type))

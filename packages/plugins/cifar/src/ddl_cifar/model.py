@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # Ghost BN (tiny-ghostbn) lives in the contract, shared with the Imagewoof workload; BN over
-# all data-parallel ranks is the core's --sync-bn (ddl.worker.sync_bn).
+# all data-parallel ranks is the core's --sync-bn (ddl.worker.build.sync_bn).
 from ddl.contract.batchnorm import convert
 
 KERAS_BN_EPS = 1.001e-5

@@ -7,7 +7,7 @@ the normalised crops the model reads; the loader processes only copy bytes.
 
 Training draws each box from (seed, epoch, sample index): the trainer's sampler calls
 ``begin_epoch(epoch, seed)`` on the training split before each epoch's loader starts
-(``ddl.worker.loaders``), so the same sample gets the same crop in the same epoch on any
+(``ddl.worker.train.loaders``), so the same sample gets the same crop in the same epoch on any
 rank. The memory map is opened lazily in each process: loader processes never receive the
 array in a pickle.
 """

@@ -23,7 +23,7 @@ synchronisations: ddl measures steps 2 to 9 (``bubble_steps``), and the steps af
 without them.
 
 This module runs forward and backward only: the trainer zeroes the gradients before, and
-clips, steps the optimizer and the lr schedule after (ddl.worker.step).
+clips, steps the optimizer and the lr schedule after (ddl.worker.train.step).
 
 Options: ``schedule`` (gpipe, 1f1b, interleaved1f1b, looped_bfs, interleaved_zb),
 ``stages_per_rank`` (v; default 2 for the interleaved/looped schedules, 1 otherwise),
@@ -204,7 +204,7 @@ class Pipeline:
         gradient accumulation, one schedule run each, so the microbatches per step
         multiply), leaving the gradients of their mean loss (a tied weight's copies on
         several stages summed); the trainer zeroes, clips and steps around it
-        (ddl.worker.step). Returns (mean loss on every rank, the last stage's outputs per
+        (ddl.worker.train.step). Returns (mean loss on every rank, the last stage's outputs per
         batch or Nones)."""
         # the first step builds buffers and shapes: not a steady state
         measuring = 1 <= self.steps <= self.measured_steps

@@ -11,4 +11,7 @@
   recording, or the pretrained file), one tensor at a time.
 - ``weights_file``: pretrained weights in safetensors, read tensor by tensor.
 - ``build_memory``: how much memory the build itself cost this rank (results.json).
+- The block options applied to the built model before the strategy wraps it:
+  ``activation_checkpointing`` (``--activation-checkpointing``), ``compiling``
+  (``--compile``, per block), ``sync_bn`` (``--sync-bn``: BatchNorm over the global batch).
 """

@@ -1,5 +1,5 @@
 """Everything that watches the training loop from outside, behind the few calls the loop
-makes (ddl.worker.trainer, ddl.worker.epoch):
+makes (ddl.worker.train.trainer, ddl.worker.train.epoch):
 
 * rank 0's progress on the terminal or in the log (ddl.worker.observe.progress);
 * every rank's live state file for ``ddl watch`` (ddl.worker.observe.live);
@@ -16,7 +16,7 @@ from typing import Any
 from ddl.worker import memory
 from ddl.worker.observe.live import LiveState
 from ddl.worker.observe.progress import Progress
-from ddl.worker.setup import Run
+from ddl.worker.train.setup import Run
 from ddl.worker.observe.tensorboard_events import open_board
 
 

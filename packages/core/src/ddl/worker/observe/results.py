@@ -21,8 +21,8 @@ from ddl.settings import rundir
 from ddl.settings.config import RunConfig
 from ddl.worker import mfu
 from ddl.worker.observe import container_record
-from ddl.worker.checkpoint import TrainerState
-from ddl.worker.setup import Layout
+from ddl.worker.checkpointing.checkpoint import TrainerState
+from ddl.worker.train.setup import Layout
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
 #: results.json's ``environment``: the variables that steer the collectives and the GPU
@@ -98,7 +98,8 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "checkpoints": {
             "latest": str(latest_checkpoint or ""), "keep": config.keep_checkpoints,
             "every_steps": config.checkpoint_every,
-            # how long saves held the training loop up (rank 0; ddl.worker.checkpoint_writer)
+            # how long saves held the training loop up (rank 0;
+            # ddl.worker.checkpointing.checkpoint_writer)
             "asynchronous": config.async_checkpoint, "stall": checkpoint_stall or {},
             "resumed_from": ({"checkpoint": str(resumed_from), "step": resumed.step,
                               "saved_by_world_size": resumed.world_size}

@@ -42,7 +42,7 @@ class Board:
         self._log({"train/step_loss": value}, step)
 
     def epoch(self, record: dict[str, Any], step: int) -> None:
-        """One metrics.jsonl record (ddl.worker.epoch.validate), then a flush."""
+        """One metrics.jsonl record (ddl.worker.train.epoch.validate), then a flush."""
         values = {f"{split}/{name}": v for split in ("train", "val")
                   for name, v in record.get(split, {}).items()}
         values.update({"perf/samples_per_s": record["samples_per_s"],

@@ -4,7 +4,7 @@ The worker works out who failed (the workload plugin, its model, the strategy, o
 itself: the outermost frame whose ``self`` is one of them), in which hook and phase (a
 training step, validation, set-up: the ddl frame around it), and writes the full traceback
 to ``RUN_DIR/logs/rank<N>-traceback.txt`` and a small record beside it
-(``rank<N>-error.json``). A data error (``ddl.worker.samples.SampleError``) names the split
+(``rank<N>-error.json``). A data error (``ddl.worker.train.samples.SampleError``) names the split
 and the sample instead of a code location.
 
 Who prints the one line: the local launcher, after every worker ended, merges the records
@@ -30,17 +30,17 @@ LAUNCHER_REPORTS = "DDL_LAUNCHER_REPORTS"
 LOST_CONTACT = 75
 
 # ddl's frames that say in which phase of the run an exception happened (innermost wins)
-_PHASES = {("ddl.worker.epoch", "train_epoch"): "a training step",
-           ("ddl.worker.epoch", "validate"): "validation",
-           ("ddl.worker.trainer", "_finish"): "the test",
-           ("ddl.worker.setup", "build"): "set-up",
-           ("ddl.worker.setup", "set_up"): "set-up",
-           ("ddl.worker.resume", "start"): "the resume",
-           ("ddl.worker.checkpoint", "save"): "a checkpoint",
+_PHASES = {("ddl.worker.train.epoch", "train_epoch"): "a training step",
+           ("ddl.worker.train.epoch", "validate"): "validation",
+           ("ddl.worker.train.trainer", "_finish"): "the test",
+           ("ddl.worker.train.setup", "build"): "set-up",
+           ("ddl.worker.train.setup", "set_up"): "set-up",
+           ("ddl.worker.checkpointing.resume", "start"): "the resume",
+           ("ddl.worker.checkpointing.checkpoint", "save"): "a checkpoint",
            # --async-checkpoint: the save, and a write error raised when it is waited for
-           ("ddl.worker.checkpoint_writer", "save"): "a checkpoint",
-           ("ddl.worker.checkpoint_writer", "wait"): "a checkpoint"}
-# the split an evaluation loader serves, by phase (ddl.worker.samples.UNNAMED)
+           ("ddl.worker.checkpointing.checkpoint_writer", "save"): "a checkpoint",
+           ("ddl.worker.checkpointing.checkpoint_writer", "wait"): "a checkpoint"}
+# the split an evaluation loader serves, by phase (ddl.worker.train.samples.UNNAMED)
 _EVAL_SPLIT = {"validation": "val", "the test": "test"}
 
 
@@ -100,7 +100,7 @@ def record_line(folder: Path, rank: int, line: str) -> bool:
 def describe(exc: BaseException, plan: Any) -> dict[str, str]:
     """{subject, what, rest}: "plugin 'x'", "forward() in a training step", "RuntimeError:
     ... (at ddl_x/model.py:42 in forward)"."""
-    from ddl.worker.samples import UNNAMED, SampleError
+    from ddl.worker.train.samples import UNNAMED, SampleError
 
     frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     phase = next((_PHASES[key] for key in ((f.f_globals.get("__name__"), f.f_code.co_name)

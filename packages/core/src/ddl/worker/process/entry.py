@@ -48,9 +48,9 @@ def _create_run_dir_on_rank0(plan, world) -> None:
 
 def run(plan, *, create_run_dir: bool) -> None:
     from ddl.contract.plugins import Plugins
-    from ddl.worker.checkpoint import latest
+    from ddl.worker.checkpointing.checkpoint import latest
     from ddl.worker.process.distributed import close_world, init_world
-    from ddl.worker.trainer import train
+    from ddl.worker.train.trainer import train
 
     socket_folder.keep_short()  # loader workers' sockets, under a long TMPDIR too
     config = plan.config
@@ -93,7 +93,7 @@ def run(plan, *, create_run_dir: bool) -> None:
 def _raise_if_write_failed(exc: BaseException, run_dir: Path, world) -> None:
     """A full disk or a refused write: one line (rank 0's, when every rank saw it in a
     checkpoint), then every rank leaves."""
-    from ddl.worker import write_errors
+    from ddl.worker.checkpointing import write_errors
 
     failed = write_errors.one_line(exc, run_dir)
     if failed is None:
@@ -262,10 +262,10 @@ def tie_to_launcher() -> None:
     orphans would train on and write the run directory. Linux's parent-death signal
     (prctl(2) PR_SET_PDEATHSIG) kills the worker when the process that started it dies.
     SIGINT (Ctrl-C, or the agent passing it on) ends a worker at once without a traceback;
-    SIGUSR1 asks for a clean stop at the next step (``ddl.worker.control``)."""
+    SIGUSR1 asks for a clean stop at the next step (``ddl.worker.train.control``)."""
     import signal
 
-    from ddl.worker import control
+    from ddl.worker.train import control
 
     control.listen()
     signal.signal(signal.SIGINT, signal.SIG_DFL)

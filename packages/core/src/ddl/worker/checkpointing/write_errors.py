@@ -5,7 +5,8 @@ Such a failure reaches the worker in several shapes: an ``OSError`` from ddl's o
 (metrics, results, the run directory), DCP's ``CheckpointException`` (a ``BaseException``)
 holding every rank's ``OSError``, or torch.save's zip writer, which reports a short write
 as ``RuntimeError: ... unexpected pos N vs M`` with no errno at all. Checkpoints are written
-into a ``.partial`` directory and renamed when complete (``ddl.worker.checkpoint``), so the
+into a ``.partial`` directory and renamed when complete (``ddl.worker.checkpointing.checkpoint``),
+so the
 newest complete one is intact and the line says which it is.
 """
 
@@ -61,7 +62,7 @@ def _inside(path: Path, run_dir: Path) -> bool:
 
 def one_line(exc: BaseException, run_dir: Path) -> WriteFailed | None:
     """The one-line error for a failed write, or None if ``exc`` is something else."""
-    from ddl.worker.checkpoint import latest
+    from ddl.worker.checkpointing.checkpoint import latest
 
     why = None
     for cause in _causes(exc):

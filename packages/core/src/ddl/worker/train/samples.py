@@ -35,7 +35,7 @@ class SampleError(Exception):
     @property
     def line(self) -> str:
         """The one-line description, also from the text a loader worker sent back (whose
-        last line is ``ddl.worker.samples.SampleError: <description>``)."""
+        last line is ``ddl.worker.train.samples.SampleError: <description>``)."""
         last = (str(self).strip().splitlines() or [""])[-1]
         prefix = f"{type(self).__module__}.{type(self).__qualname__}: "
         return last.removeprefix(prefix)

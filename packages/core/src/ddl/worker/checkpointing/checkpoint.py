@@ -22,10 +22,12 @@ read and is removed when a run starts in the directory (``remove_leftovers``).
 and the commit in a thread of each rank.
 
 What is trusted on load (docs/checkpoints.md): a checkpoint is used only when it verifies
-against its manifest (``ddl.worker.checkpoint_manifest``; the choice among checkpoints is
-``ddl.worker.checkpoint_choice``), and even then no file can run code: ``.metadata`` is read
+against its manifest (``ddl.worker.checkpointing.checkpoint_manifest``; the choice among
+checkpoints is
+``ddl.worker.checkpointing.checkpoint_choice``), and even then no file can run code: ``.metadata``
+is read
 through an allow-listing unpickler and every other pickle weights-only
-(``ddl.worker.safe_load``); ``trainer.json`` is JSON.
+(``ddl.worker.checkpointing.safe_load``); ``trainer.json`` is JSON.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddl.contract.errors import UsageError
-from ddl.worker import checkpoint_manifest, safe_load
+from ddl.worker.checkpointing import checkpoint_manifest, safe_load
 
 if TYPE_CHECKING:
     import torch
@@ -105,7 +107,7 @@ def latest(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run, or None: the highest complete ``step-*``,
     whatever ``latest`` says (it is written last, so a kill or Ctrl-C can leave it naming the
     one before). Structure only: what a resume may use is decided by
-    ``ddl.worker.checkpoint_choice``, which verifies."""
+    ``ddl.worker.checkpointing.checkpoint_choice``, which verifies."""
     return next((p for p in steps(run_dir) if _is_complete(p)), None)
 
 
@@ -362,7 +364,7 @@ def load_model_weights(path: Path, model: torch.nn.Module) -> None:
 
     import torch.distributed.checkpoint as dcp
 
-    from ddl.worker.checkpoint_choice import problem  # it builds on this module
+    from ddl.worker.checkpointing.checkpoint_choice import problem  # it builds on this module
 
     why = problem(path)  # what a resume checks: manifest, trainer.json, allow-listed metadata
     if why:

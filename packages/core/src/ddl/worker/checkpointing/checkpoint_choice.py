@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.contract.errors import UsageError
-from ddl.worker import checkpoint, checkpoint_manifest, safe_load
+from ddl.worker.checkpointing import checkpoint, checkpoint_manifest, safe_load
 
 
 def problem(path: Path, rank: int = 0, world_size: int = 1) -> str | None:

@@ -5,7 +5,8 @@ An asynchronous save blocks the loop only to *stage*: the model and optimizer st
 copied to host memory (pinned on a GPU, by DCP's ``DefaultStager``, whose buffers are reused
 from one save to the next; a plain copy on a CPU), and the RNG states and ``trainer.json``
 are written. A thread of each rank then writes the shards with DCP and commits the checkpoint
-exactly as a synchronous save does (``ddl.worker.checkpoint``: manifest, rename, ``latest``
+exactly as a synchronous save does (``ddl.worker.checkpointing.checkpoint``: manifest, rename,
+``latest``
 last), over a gloo process group of its own, so that its collectives never interleave with
 training's. Until that commit the checkpoint is a ``.step-N.partial`` directory, which no
 resume reads: a kill mid-write leaves the previous checkpoint the newest.
@@ -29,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddl.worker import checkpoint
+from ddl.worker.checkpointing import checkpoint
 
 if TYPE_CHECKING:
     from ddl.contract.world import World

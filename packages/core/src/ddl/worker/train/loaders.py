@@ -10,7 +10,7 @@ shard with duplicates, biasing the metrics; :class:`EvalShardSampler` pads too (
 rank runs the same number of forwards, which FSDP and tensor parallel need) but the trainer
 knows which positions are padding and gives them zero weight.
 
-Both loaders read through ``ddl.worker.samples``: a sample that fails names its split and
+Both loaders read through ``ddl.worker.train.samples``: a sample that fails names its split and
 index (a lying ``__len__`` included), a batch that does not collate names its samples.
 
 A training dataset with a ``begin_epoch(epoch, seed)`` method is told the epoch and the
@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-from ddl.worker.samples import UNNAMED, GuardedCollate, GuardedDataset
+from ddl.worker.train.samples import UNNAMED, GuardedCollate, GuardedDataset
 
 if TYPE_CHECKING:
     from torch.utils.data import Dataset

@@ -26,14 +26,16 @@ from ddl.contract.workload import Workload
 from ddl.contract.world import World
 from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
 from ddl.settings.plan import Resolved
-from ddl.worker import activation_checkpointing, checkpoint, compiling, lr_schedule, sync_bn
+from ddl.worker.checkpointing import checkpoint
+from ddl.worker.train import lr_schedule
+from ddl.worker.build import activation_checkpointing, compiling, sync_bn
 from ddl.worker.process import mesh
 from ddl.worker.build import build_memory, model_build
 from ddl.worker.activation_memory import SavedTensorMeter
 from ddl.worker.process.distributed import seed_all
-from ddl.worker.loaders import eval_loader, train_loader
-from ddl.worker.precision import Precision
-from ddl.worker.precision import resolve as resolve_precision
+from ddl.worker.train.loaders import eval_loader, train_loader
+from ddl.worker.train.precision import Precision
+from ddl.worker.train.precision import resolve as resolve_precision
 
 
 @dataclass
@@ -200,7 +202,7 @@ class Run:
     def checkpoint_writer(self):
         """Writes the checkpoints (--async-checkpoint: in a thread) and times the stalls."""
         if self.checkpoints is None:
-            from ddl.worker.checkpoint_writer import Writer
+            from ddl.worker.checkpointing.checkpoint_writer import Writer
 
             self.checkpoints = Writer(asynchronous=self.config.async_checkpoint)
         return self.checkpoints
@@ -315,7 +317,7 @@ def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,
 
 
 def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
-    """Per-step multiplier of the learning rate (ddl.worker.lr_schedule)."""
+    """Per-step multiplier of the learning rate (ddl.worker.train.lr_schedule)."""
     steps = layout.steps_per_epoch
     warmup = (config.warmup_steps if config.warmup_steps is not None
               else round(config.warmup_epochs * steps))

@@ -13,7 +13,7 @@ import torch
 
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
-from ddl.worker.metrics import MetricSums
+from ddl.worker.train.metrics import MetricSums
 
 
 def evaluate(step, loader, workload: Workload, world: World) -> dict[str, float]:

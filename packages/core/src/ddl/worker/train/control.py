@@ -71,7 +71,8 @@ class StepGuard:
     step where it began. Between checks a step costs one list append: the losses of the
     window are kept (detached, on their device) and looked at together at the check, a
     handful of operators per check instead of eight per step (measured on this CPU: 34 us
-    per step before, 0.7 us now, against MNIST tiny's 6 ms step). The price: a non-finite loss or a stop request is acted on up to
+    per step before, 0.7 us now, against MNIST tiny's 6 ms step). The price: a non-finite loss or a
+    stop request is acted on up to
     ``every - 1`` steps late (never after a checkpoint of non-finite weights: one is checked
     first)."""
 

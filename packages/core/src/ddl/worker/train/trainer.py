@@ -1,10 +1,13 @@
 """The training loop every workload and strategy shares, readable top to bottom in ``train``.
 
-Set-up (``ddl.worker.setup``): the workload and strategy plugins, the model wrapped by the
-strategy, optimizer, learning-rate schedule and sharded loaders; ``ddl.worker.resume`` loads
-the checkpoint ``--resume`` names. Per epoch (``ddl.worker.epoch``): reshuffle, train, evaluate
+Set-up (``ddl.worker.train.setup``): the workload and strategy plugins, the model wrapped by the
+strategy, optimizer, learning-rate schedule and sharded loaders;
+``ddl.worker.checkpointing.resume`` loads
+the checkpoint ``--resume`` names. Per epoch (``ddl.worker.train.epoch``): reshuffle, train,
+evaluate
 on the validation split, average the metrics over all ranks, print one line on rank 0 and
-append it to ``metrics.jsonl``; a checkpoint (``ddl.worker.checkpoint``) at every epoch's end
+append it to ``metrics.jsonl``; a checkpoint (``ddl.worker.checkpointing.checkpoint``) at every
+epoch's end
 and, with ``--checkpoint-every``, between. After the last epoch: evaluate on the test split,
 export the weights and write ``results.json`` (``ddl.worker.observe.results``). Throughout,
 the observers (``ddl.worker.observe.observers``) show progress on rank 0, keep each rank's
@@ -27,15 +30,15 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.world import World
 from ddl.settings import rundir
 from ddl.settings.plan import RunPlan
-from ddl.worker import checkpoint, resume
+from ddl.worker.checkpointing import checkpoint, resume
 from ddl.worker.process import threads
 from ddl.worker.observe import profiling, results, utilisation
-from ddl.worker.control import StepGuard
-from ddl.worker.epoch import train_epoch, validate
-from ddl.worker.evaluation import evaluate, fmt
+from ddl.worker.train.control import StepGuard
+from ddl.worker.train.epoch import train_epoch, validate
+from ddl.worker.train.evaluation import evaluate, fmt
 from ddl.worker.memory import gather, rank_memory
 from ddl.worker.observe.observers import Observers
-from ddl.worker.setup import Layout, Run, build, set_up
+from ddl.worker.train.setup import Layout, Run, build, set_up
 
 __all__ = ["Layout", "build", "evaluate", "train"]
 
@@ -139,7 +142,7 @@ def _compile_report(run: Run) -> dict[str, Any]:
     contains them), apart from the steady step time in the summary."""
     if not run.config.compile:
         return {"enabled": False}
-    from ddl.worker.compiling import compile_seconds
+    from ddl.worker.build.compiling import compile_seconds
 
     return {"enabled": True, "units": "fsdp_units", "compile_time_s": compile_seconds(),
             "first_step_s": run.first_step_s}

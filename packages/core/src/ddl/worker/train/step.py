@@ -6,7 +6,7 @@ and backward.
                                                     DDP, FSDP, tensor parallel, or a
                                                     pipeline running its schedule)
     -> clip the gradients over the whole model     (Strategy.clip_gradients, --clip-grad-norm)
-    -> the optimizer step                          (ddl.worker.precision: fp16's scaler)
+    -> the optimizer step                          (ddl.worker.train.precision: fp16's scaler)
     -> the learning-rate schedule's step
 
 torchtitan's ``train_step`` reads the same way. A strategy written for ddl contract 2.0 and
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddl.worker.setup import Run
+    from ddl.worker.train.setup import Run
 
 
 def optimizer_step(run: Run, micro: list[tuple[Any, Any]]) -> tuple[Any, list[Any], Any]:

@@ -8,7 +8,8 @@ and no other file is present (an unlisted file would be read unverified).
 
 What this protects against: truncation, flipped bits, a file swapped in from another
 checkpoint, a half-copied directory. Not against someone who may write the checkpoint: they
-can rewrite the manifest too; ``ddl.worker.safe_load`` makes such a checkpoint unable to run
+can rewrite the manifest too; ``ddl.worker.checkpointing.safe_load`` makes such a checkpoint unable
+to run
 code all the same.
 
 Hashing is shared among the ranks: file ``i`` of the sorted list is hashed by rank

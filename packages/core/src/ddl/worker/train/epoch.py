@@ -1,8 +1,9 @@
 """One epoch: its optimizer steps, then validation and the epoch's record.
 
 ``train_epoch`` runs the steps from batch ``position`` (non-zero when resuming inside an
-epoch): each is ``ddl.worker.step.optimizer_step`` (zero_grad, the strategy's forward and
-backward, clipping, the optimizer, the lr schedule). Between steps it reports progress (ddl.worker.observe.observers: the
+epoch): each is ``ddl.worker.train.step.optimizer_step`` (zero_grad, the strategy's forward and
+backward, clipping, the optimizer, the lr schedule). Between steps it reports progress
+(ddl.worker.observe.observers: the
 progress bar or line, the live state ``ddl watch`` reads, TensorBoard), writes the
 ``--checkpoint-every`` checkpoints and asks the step guard whether to stop (a signal, a stop
 file, a non-finite loss); a stop leaves a checkpoint to resume from. ``validate`` evaluates
@@ -19,15 +20,15 @@ from typing import Any
 import torch
 
 from ddl.settings import rundir
-from ddl.worker import checkpoint
-from ddl.worker.control import StepGuard
-from ddl.worker.evaluation import evaluate, fmt, with_derived
-from ddl.worker.loaders import DeviceBatches
-from ddl.worker.metrics import MetricSums
+from ddl.worker.checkpointing import checkpoint
+from ddl.worker.train.control import StepGuard
+from ddl.worker.train.evaluation import evaluate, fmt, with_derived
+from ddl.worker.train.loaders import DeviceBatches
+from ddl.worker.train.metrics import MetricSums
 from ddl.worker.observe.observers import Observers
 from ddl.worker.observe.profiling import StepProfiler
-from ddl.worker.setup import Run
-from ddl.worker.step import optimizer_step
+from ddl.worker.train.setup import Run
+from ddl.worker.train.step import optimizer_step
 from ddl.worker.observe.step_breakdown import StepBreakdown
 
 
@@ -59,7 +60,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     _sync(world.device)
     t0 = time.perf_counter()
     # batches arrive on the device one step ahead (on CUDA the copy and the workload's
-    # to_device overlap the step before; ddl.worker.loaders.DeviceBatches)
+    # to_device overlap the step before; ddl.worker.train.loaders.DeviceBatches)
     batches = DeviceBatches(loader, lambda batch: workload.to_device(batch, world.device),
                             world.device)
     for i in range(position, layout.steps_per_epoch):

@@ -17,8 +17,8 @@ from typing import Any
 
 from ddl.contract.errors import UsageError
 from ddl.settings import rundir
-from ddl.worker import checkpoint, checkpoint_choice
-from ddl.worker.setup import Run
+from ddl.worker.checkpointing import checkpoint, checkpoint_choice
+from ddl.worker.train.setup import Run
 
 
 @dataclass
