@@ -2,7 +2,7 @@
 on this machine (issue 22).
 
 Activation memory: the bytes one training step keeps for its backward pass, counted by
-ddl's own meter (``ddl.worker.activation_memory``, what results.json reports as
+ddl's own meter (``ddl.worker.observe.activation_memory``, what results.json reports as
 ``saved_for_backward_bytes``), with ``--activation-checkpointing`` none, full and selective
 applied the way the trainer applies them (``ddl.worker.build.activation_checkpointing`` on the
 workload's block units). Goal: full <= 0.5 x none for xsum's course shape (t5-base,
@@ -71,7 +71,7 @@ def activation_memory(plugin: str, preset: str, batch: int, data: Path) -> dict:
     import torch
 
     from ddl.worker.build import activation_checkpointing
-    from ddl.worker.activation_memory import SavedTensorMeter
+    from ddl.worker.observe.activation_memory import SavedTensorMeter
 
     row: dict = {"preset": preset, "batch": batch, "saved_for_backward_bytes": {}}
     for mode in activation_checkpointing.MODES:

@@ -20,7 +20,7 @@ beside what the run's results.json records. Writes
 What is compared, and why some points sit off the line by design (docs/plan.md, "How
 close"): activations are ddl's saved-tensor meter (the high-water mark of what a rank holds
 for backward); xsum trims each batch to its longest sequence, and the plan predicts the
-untrimmed batch, a bound (ddl.worker.plan_probe), so xsum's points without a pipeline
+untrimmed batch, a bound (ddl.planning.plan_probe), so xsum's points without a pipeline
 (hollow markers) sit below the line (a pipeline's batches are untrimmed); peak is each
 process's peak resident set on a CPU, which holds Python, torch and the data besides the
 training tensors the plan counts. One thread per rank (OMP_NUM_THREADS=1, as ``ddl

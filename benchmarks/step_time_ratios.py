@@ -8,7 +8,7 @@ What runs, in one invocation:
    workload, the fastest kept (recorded; the model's rate comes from step 3).
 2. The links, measured: ``ddl doctor --collectives``'s timings of gloo all-reduce (and the
    others) between 2 and between 4 processes, at the start and after each workload; per
-   size the fastest is kept and fitted to alpha and beta (``ddl.worker.collective_probe``);
+   size the fastest is kept and fitted to alpha and beta (``ddl.commands.collective_probe``);
    the model uses the all-reduce fit of the same number of processes.
 3. Calibration of the workload in one process: ``ddl train --nproc 1`` with
    ``OMP_NUM_THREADS=1`` at the global batch B and at B / 4. A line through the two step
@@ -26,7 +26,7 @@ What runs, in one invocation:
    N = 1, 2, 4, in ``--rounds`` alternating rounds; each step time is the second epoch's
    (the first carries one-off costs), the point the fastest of the rounds (others' work
    on a shared machine only ever adds time; the medians are recorded too).
-5. The predictions: ddl.settings.step_time_model with ddl's thread rule (cores // ranks
+5. The predictions: ddl.planning.step_time_model with ddl's thread rule (cores // ranks
    threads per rank), the cores shared when ranks outnumber them (x ranks / cores), and the
    DDP all-reduce of the gradients (fp32, the run's parameter count) on the measured link.
 
@@ -150,7 +150,7 @@ def best_device(measured: list[dict], cores: int) -> dict:
 
 
 def measure_links(ranks: tuple[int, ...]) -> dict[int, dict]:
-    from ddl.worker import collective_probe
+    from ddl.commands import collective_probe
 
     out = {}
     for n in ranks:
@@ -163,7 +163,7 @@ def measure_links(ranks: tuple[int, ...]) -> dict[int, dict]:
 def best_links(measured: list[dict[int, dict]]) -> dict[int, dict]:
     """Per process count, operation and size the fastest of the measurements (a busy moment
     only adds time), fitted again."""
-    from ddl.worker import collective_probe
+    from ddl.commands import collective_probe
 
     out = {}
     for n in measured[0]:
@@ -211,7 +211,7 @@ def calibrate(plugin: str, preset: str, data_dir: Path, global_batch: int, steps
 def predict(plugin_cal: dict, device: dict, links: dict[int, dict], global_batch: int,
             cores: int) -> dict[int, dict]:
     from ddl.contract.layout import ParallelLayout
-    from ddl.settings import step_time_model as stm
+    from ddl.planning import step_time_model as stm
 
     compute = stm.Compute(
         peak_flops=device["matmul_flops_1_thread"],
@@ -255,7 +255,7 @@ def main() -> int:
     busy = cpu_busy()
     report = {"benchmark": "step_time_ratios", "preset": args.preset, "rounds": args.rounds,
               "steps_per_epoch": args.steps, "ranks": list(RANKS), "tolerance": TOLERANCE,
-              "cores": cores, "model": "ddl.settings.step_time_model (docs/plan.md, Step time)",
+              "cores": cores, "model": "ddl.planning.step_time_model (docs/plan.md, Step time)",
               "machine": describe(), "cpu_busy_at_start": busy, "workloads": {}}
     print(f"machine: {report['machine']['cpu']}, {cores} cores, load "
           f"{report['machine']['load_average']}, CPUs {busy:.0%} busy", flush=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.plugins import Plugins
-from ddl.worker import plan_probe
+from ddl.planning import plan_probe
 
 
 def _workload(plugin: str, preset: str, data_dir: Path):

@@ -4,7 +4,7 @@
 of keeping them; the arithmetic is the same, so the weights after 3 steps equal those of a
 run that keeps everything (conftest.assert_same_weights, fp32) - on one process and under
 FSDP, pipeline and tensor parallel (rank pools, tests/pool_train.py). What it saves shows in
-results.json: `memory_per_rank[].saved_for_backward_bytes` (ddl.worker.activation_memory)
+results.json: `memory_per_rank[].saved_for_backward_bytes` (ddl.worker.observe.activation_memory)
 drops with full and lies between with selective. `--compile` (inductor, through the real
 CLI: the compiler runs here, g++) ends within the elementwise rule of the uncompiled run
 (measured: 3e-7 relative) and reports its compile time apart. A workload without block

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import run_ddl
-from ddl.settings import step_time_model as stm
+from ddl.planning import step_time_model as stm
 
 pytestmark = pytest.mark.distributed
 

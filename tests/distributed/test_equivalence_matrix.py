@@ -330,9 +330,9 @@ def _assert_memory(strategy: str, nproc: int, one: dict, many: dict) -> None:
 
 
 def _assert_predicted(setup: Setup, data_dir: Path, many: dict) -> None:
-    """`ddl plan`'s memory model (ddl.settings.memory_model, ddl.worker.plan_probe) on this
+    """`ddl plan`'s memory model (ddl.planning.memory_model, ddl.planning.plan_probe) on this
     cell's layout: model state per rank within 5 % of what each rank measured, the bytes
-    held for backward at the peak (ddl.worker.activation_memory) within 15 %. The probe
+    held for backward at the peak (ddl.worker.observe.activation_memory) within 15 %. The probe
     converts BatchNorm as the run's --sync-bn does (on CPU: float64, 1.7x / 2.5x a plain
     BatchNorm's bytes in cifar / imagewoof), a pipeline rank holds the micro-batches its
     schedule's order keeps in flight, and xsum, which trims each batch to its longest

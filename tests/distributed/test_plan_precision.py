@@ -1,5 +1,5 @@
 """`ddl plan --precision`: a run under bf16 autocast keeps 16-bit activations, and the plan
-predicts them (ddl.worker.autocast_probe: the probe runs on fake tensors under torch's own
+predicts them (ddl.planning.autocast_probe: the probe runs on fake tensors under torch's own
 autocast). Checked against real runs on 2 CPU processes through `--verify`: the runs train
 with `--precision bf16` and ddl's saved-tensor meter measures what they held; MNIST and
 Imagewoof (convolutions, BatchNorm, linear layers) within the acceptance's 15 %, below the

@@ -1,7 +1,7 @@
-"""ddl's saved-tensor meter (ddl.worker.activation_memory) on small real graphs: it counts
+"""ddl's saved-tensor meter (ddl.worker.observe.activation_memory) on small real graphs: it counts
 the bytes autograd holds for backward at their peak - tensors freed by a backward stop
 counting, a graph dropped without one frees them too, slices of one storage count their
-own bytes - and the plan probe's prediction (ddl.worker.plan_probe) of a run with
+own bytes - and the plan probe's prediction (ddl.planning.plan_probe) of a run with
 --sync-bn on a CPU. Whole runs against predictions: test_equivalence_matrix.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddl.worker.activation_memory import SavedTensorMeter
+from ddl.worker.observe.activation_memory import SavedTensorMeter
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +97,7 @@ def test_probe_with_sync_bn_on_cpu_is_what_the_cpu_kernels_keep(tmp_path):
     the bytes of plain BatchNorm in CIFAR's ResNet): the probe converts as the run does,
     and on the meta device counts what a real CPU forward of the converted model keeps."""
     from ddl.contract.plugins import Plugins
-    from ddl.worker import plan_probe
+    from ddl.planning import plan_probe
     from ddl.worker.build import sync_bn
 
     spec = Plugins().workload("cifar")

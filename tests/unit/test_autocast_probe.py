@@ -1,4 +1,4 @@
-"""ddl.worker.autocast_probe, the 16-bit activation probe's set-up: fake tensors of the run's
+"""ddl.planning.autocast_probe, the 16-bit activation probe's set-up: fake tensors of the run's
 device type under torch's autocast, on a machine without a GPU. Whole plans against real
 bf16 runs: tests/distributed/test_plan_precision.py."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ddl.worker import autocast_probe
+from ddl.planning import autocast_probe
 
 pytestmark = pytest.mark.unit
 

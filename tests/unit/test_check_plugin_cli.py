@@ -38,10 +38,14 @@ def ddl(*args, cwd, env=None) -> subprocess.CompletedProcess:
     (["mnist", "--strategies", "warp"], "--strategies: unknown warp"),
     (["mnist", "--preset", "huge"], "--preset 'huge'"),
     (["mnist", "--tolerance", "loose"], "unknown rule 'loose'"),
+    (["mnist", "--tolerance", "nan"], "--tolerance: unknown rule 'nan'; allowed: auto, "),
+    (["mnist", "--work-dir", ""], "an empty path would mean the current directory"),
+    (["mnist", "--data-dir", ""], "an empty path would mean the current directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     proc = ddl("check-plugin", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert not list(tmp_path.iterdir()), "refused, yet it wrote"  # no check ran first
     assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -107,7 +107,7 @@ def test_huge_counts_are_one_line_not_a_loop(capsys, args, needles):
 
 
 def test_divisors_take_square_root_steps():
-    from ddl.settings.layout_search import divisors
+    from ddl.planning.layout_search import divisors
 
     assert divisors(10**9)[:4] == [1, 2, 4, 5] and len(divisors(10**9)) == 100
     assert all(divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 400))
@@ -117,7 +117,7 @@ def test_node_crossings_by_arithmetic_match_the_groups():
     import itertools
 
     from ddl.contract.layout import DIMS, ParallelLayout
-    from ddl.settings.layout_search import crosses_nodes
+    from ddl.planning.layout_search import crosses_nodes
 
     for sizes in itertools.product([1, 2, 3], [1, 2, 4], [1, 2, 3, 8], [1, 2, 4]):
         layout = ParallelLayout(*sizes)
@@ -316,3 +316,14 @@ def test_the_scripts_parsers_refuse_abbreviations_too():
                     found.add(str(path.relative_to(REPO)))
     assert found <= ABBREVIATING, f"parsers taking abbreviations: {sorted(found - ABBREVIATING)}"
     assert ABBREVIATING <= found, f"fixed (remove from ABBREVIATING): {ABBREVIATING - found}"
+
+
+# --- 5: a name flag's bad value is quoted cut, as every other option's ------------------
+
+@pytest.mark.parametrize("flag, says", [
+    ("--plugin", "--plugin: unknown plugin 'qqqq"), ("--strategy", "--strategy: unknown "
+                                                     "strategy 'qqqq"),
+    ("--preset", "--preset: mnist has no preset 'qqqq")])
+def test_a_long_bad_name_is_quoted_cut(capsys, flag, says):
+    line = _one_line(capsys, main(["train", flag, "q" * 150]), says, "...(150 characters)")
+    assert "q" * 41 not in line

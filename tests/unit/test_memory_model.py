@@ -1,4 +1,4 @@
-"""ddl plan's memory arithmetic (ddl.settings.memory_model) against torch itself: the
+"""ddl plan's memory arithmetic (ddl.planning.memory_model) against torch itself: the
 torch.chunk rule FSDP2 and DTensor shard with, and the optimizer cost probe against a real
 optimizer's state. The whole model against measured runs: test_equivalence_matrix.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddl.settings import memory_model as mm
+from ddl.planning import memory_model as mm
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +57,7 @@ def test_pipeline_peak_weighs_stages_and_zero_bubble_frees_at_the_weight_pass():
 def test_multi_stage_orders_are_torchs(schedule):
     """Each rank's order comes from torch's own schedule class: every micro-batch of each
     of its stages goes forward once and is freed once; looped BFS holds all of them."""
-    from ddl.worker.plan_probe import pipeline_actions
+    from ddl.planning.plan_probe import pipeline_actions
 
     pp, m, v = 2, 4, 2
     for rank in range(pp):
@@ -74,7 +74,7 @@ def test_multi_stage_orders_are_torchs(schedule):
 
 def test_optimizer_cost_from_the_workload_class():
     from ddl.contract.plugins import Plugins
-    from ddl.worker.plan_probe import optimizer_cost
+    from ddl.planning.plan_probe import optimizer_cost
 
     plugins = Plugins()
     mnist = plugins.workload("mnist")  # Adam: two moments + a 4-byte step per tensor

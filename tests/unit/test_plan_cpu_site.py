@@ -70,7 +70,7 @@ def test_what_cannot_be_planned_is_one_line(tmp_path, args, needles):
 
 def test_sync_bn_is_planned_as_the_runs_will_use_it(synthetic_cifar, tmp_path):
     """`--sync-bn` on a CPU swaps BatchNorm for ddl's float64 layer, which keeps more for
-    backward (ddl.worker.plan_probe): the plan must count that when the runs use it, and
+    backward (ddl.planning.plan_probe): the plan must count that when the runs use it, and
     --verify's runs must then train with it."""
     def plan(*extra: str) -> dict:
         proc = run_ddl("plan", "--plugin", "cifar", "--preset", "tiny", "--site", "local",

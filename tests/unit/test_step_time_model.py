@@ -1,4 +1,4 @@
-"""The step-time model (ddl.settings.step_time_model): the ring formulas of each collective,
+"""The step-time model (ddl.planning.step_time_model): the ring formulas of each collective,
 the alpha-beta fit, what each layout communicates, the pipeline bubble, CPU ranks sharing
 cores; `ddl plan`'s JSON carrying the breakdown; `ddl doctor --collectives`' table and bad
 input. The real collectives are timed in tests/distributed/test_doctor_collectives.py."""
@@ -13,7 +13,8 @@ import pytest
 
 from conftest import assert_one_line_error, run_ddl
 from ddl.contract.layout import ParallelLayout
-from ddl.settings import step_time_model as stm
+from ddl.planning import alpha_beta_fit
+from ddl.planning import step_time_model as stm
 
 pytestmark = pytest.mark.unit
 
@@ -40,13 +41,13 @@ def test_unknown_collective_is_refused():
 def test_fit_recovers_alpha_and_beta():
     sizes = [4096, 65536, 2 ** 20, 2 ** 24]
     points = [(op, n, LINK.seconds(op, n, 4)) for op in stm.OPS for n in sizes]
-    fit = stm.fit_alpha_beta(points, 4)
+    fit = alpha_beta_fit.fit(points, 4)
     assert fit["latency_s"] == pytest.approx(ALPHA, rel=1e-6)
     assert fit["bytes_per_s"] == pytest.approx(BW, rel=1e-6)
     assert fit["worst_error"] < 1e-9 and fit["points"] == 16
     # noise of +-10 % moves the fit by about as much, not more
     noisy = [(op, n, t * (1.1 if i % 2 else 0.9)) for i, (op, n, t) in enumerate(points)]
-    fit = stm.fit_alpha_beta(noisy, 4)
+    fit = alpha_beta_fit.fit(noisy, 4)
     assert fit["latency_s"] == pytest.approx(ALPHA, rel=0.25)
     assert fit["bytes_per_s"] == pytest.approx(BW, rel=0.25)
     assert 0.05 < fit["worst_error"] < 0.3
@@ -55,12 +56,12 @@ def test_fit_recovers_alpha_and_beta():
 def test_fit_clamps_a_negative_latency():
     # pure bandwidth with a small message measured fast: alpha would come out negative
     points = [("p2p", 1000, 0.5e-7), ("p2p", 10 ** 6, 1e-4), ("p2p", 10 ** 7, 1e-3)]
-    fit = stm.fit_alpha_beta(points, 2)
+    fit = alpha_beta_fit.fit(points, 2)
     # the bandwidth alone then fits the three rates (2e10, 1e10, 1e10 B/s), each weighed by
     # its relative error: 1.5e10
     assert fit["latency_s"] == 0.0 and fit["bytes_per_s"] == pytest.approx(1.5e10)
     with pytest.raises(ValueError, match="two"):
-        stm.fit_alpha_beta(points[:1], 2)
+        alpha_beta_fit.fit(points[:1], 2)
 
 
 NET = stm.Network(stm.Link(ALPHA, BW), stm.Link(10 * ALPHA, 4 * BW), gpus_per_node=4)
@@ -133,7 +134,7 @@ def test_cpu_ranks_split_threads_then_share_cores():
 
 
 def test_model_imports_without_torch():
-    code = ("import sys; import ddl.settings.step_time_model, ddl.settings.layout_search; "
+    code = ("import sys; import ddl.planning.step_time_model, ddl.planning.layout_search; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

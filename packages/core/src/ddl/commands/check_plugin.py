@@ -22,6 +22,10 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
     from ddl import conformance
     from ddl.contract.plugins import Plugins
 
+    if ns.tolerance != "auto" and ns.tolerance not in conformance.TOLERANCES:
+        # before anything runs: the in-process checks alone take minutes on a large model
+        raise UsageError(f"--tolerance: unknown rule {ns.tolerance[:40]!r}; allowed: auto, "
+                         f"{', '.join(conformance.TOLERANCES)}")
     plugins = Plugins()
     spec = plugins.workload(ns.name)  # unknown name: UsageError
     strategies = plugins.strategies()
@@ -37,6 +41,9 @@ def cmd_check_plugin(ns: argparse.Namespace) -> int:
             raise UsageError(f"--strategies: unknown {', '.join(unknown)}; installed: "
                              f"{', '.join(strategies)}")
         chosen = list(dict.fromkeys(ns.strategies))
+    if ns.preset not in spec.presets:  # before the work directory is made
+        raise UsageError(f"--preset {ns.preset!r}: workload {spec.name} has "
+                         f"{', '.join(spec.presets)}")
     work_dir = (ns.work_dir or Path(f"check-plugin-{spec.name}")).resolve()
     data_dir = (ns.data_dir or work_dir / "data").resolve()
     work_dir.mkdir(parents=True, exist_ok=True)

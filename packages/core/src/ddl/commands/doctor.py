@@ -205,7 +205,7 @@ def cmd_doctor(ns: argparse.Namespace) -> int:
 
 def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int:
     """Time the collectives between local processes, fit latency and bandwidth, and print
-    them next to the site profile's intra-node numbers (ddl.worker.collective_probe)."""
+    them next to the site profile's intra-node numbers (ddl.commands.collective_probe)."""
     import json
 
     from ddl.commands.flags import check_whole
@@ -224,7 +224,7 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
     site = get_site(site_name, plugins)
     import torch
 
-    from ddl.worker import collective_probe
+    from ddl.commands import collective_probe
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = "nccl" if gpus else "gloo"

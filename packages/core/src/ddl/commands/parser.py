@@ -206,7 +206,7 @@ def _layout_parser(sub) -> None:
 
 def _plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help="rank the layouts of a workload on N nodes of a site "
-                          "by predicted memory and step time (ddl.worker.planner)")
+                          "by predicted memory and step time (ddl.planning.planner)")
     plan.add_argument("--plugin", required=True, help="workload")
     plan.add_argument("--preset", type=nonempty_name, help="default: the workload's")
     plan.add_argument("--site", required=True, help="site profile: a GPU site, or a CPU "
@@ -297,9 +297,9 @@ def _check_plugin_parser(sub) -> None:
     check = sub.add_parser("check-plugin", help="run the conformance kit on an installed "
                            "workload: one line per check, exit 0 if none fails")
     check.add_argument("name", help="workload name (as `ddl plugins` lists it)")
-    check.add_argument("--work-dir", type=Path, help="where the runs go, created if missing "
-                       "(default: ./check-plugin-NAME)")
-    check.add_argument("--data-dir", type=Path, help="the workload's data; synthetic data "
+    check.add_argument("--work-dir", type=directory, help="where the runs go, created if "
+                       "missing (default: ./check-plugin-NAME)")
+    check.add_argument("--data-dir", type=directory, help="the workload's data; synthetic data "
                        "is generated there if missing (default: WORK_DIR/data)")
     check.add_argument("--strategies", nargs="+", metavar="STRATEGY",
                        help="strategies to run against one process (default: every one "

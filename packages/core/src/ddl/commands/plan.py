@@ -1,7 +1,7 @@
 """``ddl plan --plugin P --preset X --site S --nodes N``: the layouts that fit, best first.
 
-Every candidate (ddl.settings.layout_search) gets a predicted memory per device and step
-time (ddl.worker.planner); those over the site's device memory, or that the workload cannot
+Every candidate (ddl.planning.layout_search) gets a predicted memory per device and step
+time (ddl.planning.planner); those over the site's device memory, or that the workload cannot
 split that way, are listed apart with the reason. Torch is imported only here, when the
 command runs (the model is built on the meta device: no memory, seconds even for T5-3B).
 """
@@ -14,9 +14,10 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from ddl.commands import plan_job, plan_target, plan_verify
+from ddl.commands import plan_job, plan_verify
+from ddl.planning import plan_target
 from ddl.contract.errors import DataError, UsageError
-from ddl.settings.memory_model import size_text
+from ddl.planning.memory_model import size_text
 
 
 def cmd_plan(ns: argparse.Namespace) -> int:
@@ -143,9 +144,9 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
     from ddl.contract.context import RunContext
     from ddl.contract.layout import ParallelLayout
     from ddl.contract.world import World
-    from ddl.settings import layout_search as search
-    from ddl.worker import planner
-    from ddl.worker.autocast_probe import planned_precision
+    from ddl.planning import layout_search as search
+    from ddl.planning import planner
+    from ddl.planning.autocast_probe import planned_precision
 
     workload = spec.create(preset)
     import torch
@@ -187,7 +188,7 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
     return {"world": world, "gpus_per_node": gpus_per_node, "global_batch": global_batch,
             "sync_bn": sync_bn, "precision": precision, "computes_in": computes_in,
             "device_memory_bytes": memory_bytes or site.device_memory_bytes,
-            "model": "ddl.settings.memory_model + ddl.settings.step_time_model "
+            "model": "ddl.planning.memory_model + ddl.planning.step_time_model "
                      "(docs/plan.md)",
             "ranked_by": "predicted step time" if timed else "bytes communicated per step",
             "fits": [p.as_dict() for p in fits],

@@ -8,9 +8,9 @@ deleted afterwards. The numbers come from its results.json, as every run records
 
 - model state: ``memory_per_rank[].model_state_bytes`` (the tensors each rank holds);
 - activations: ``memory_per_rank[].saved_for_backward_bytes``, ddl's saved-tensor meter
-  (ddl.worker.activation_memory: the high-water mark of what the rank holds for backward,
+  (ddl.worker.observe.activation_memory: the high-water mark of what the rank holds for backward,
   a pipeline's micro-batches in flight included); xsum trims each batch to its longest
-  sequence where the plan predicts the untrimmed batch, a bound (ddl.worker.plan_probe);
+  sequence where the plan predicts the untrimmed batch, a bound (ddl.planning.plan_probe);
 - peak: on a GPU torch's peak allocation (``device_peak_allocated_bytes``; the plan's
   memory/rank adds the runtime reserve, which the allocator does not see); on a CPU the
   process's peak resident set (``peak_rss_bytes``), which also holds Python, torch and the
@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.contract.errors import UsageError
-from ddl.settings.memory_model import size_text
+from ddl.planning.memory_model import size_text
 
 EPOCHS, STEPS = 2, 3  # the first epoch is warm-up: step time from the second
 

@@ -160,4 +160,5 @@ def _pick(known: dict[str, Any], name: str, flag: str, broken: list[PluginInfo])
     hint = ""
     if any(info.name == name for info in broken):
         hint = f" (plugin {name!r} is installed but failed to load; see `ddl plugins`)"
-    raise UsageError(f"--{flag}: unknown {flag} {name!r}; allowed: {allowed}{hint}")
+    shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}...({len(name)} characters)"
+    raise UsageError(f"--{flag}: unknown {flag} {shown}; allowed: {allowed}{hint}")

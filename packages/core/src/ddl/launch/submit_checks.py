@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ddl.contract.errors import UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, check_heads, resolve
-from ddl.launch import memory_fit
+from ddl.planning import memory_fit
 from ddl.settings.config import RunConfig, check_names, preset_name
 from ddl.settings import rundir
 from ddl.settings.plan import absolute

@@ -269,7 +269,8 @@ def preset_name(config: RunConfig, spec) -> str:
     workload's default (the course's); an unknown one is one line."""
     name = config.preset or spec.default_preset
     if name not in spec.presets:
-        raise UsageError(f"--preset: {config.plugin} has no preset {name!r}; allowed: "
+        shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}...({len(name)} characters)"
+        raise UsageError(f"--preset: {config.plugin} has no preset {shown}; allowed: "
                          f"{', '.join(spec.presets)}")
     return name
 

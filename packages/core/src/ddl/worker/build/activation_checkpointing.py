@@ -40,7 +40,7 @@ if _sdpa_cpu is not None:
     _SAVE.add(_sdpa_cpu.default)
 
 
-# Set by ddl.worker.activation_memory while it measures: the outputs selective
+# Set by ddl.worker.observe.activation_memory while it measures: the outputs selective
 # checkpointing keeps are held by torch's checkpoint machinery, which saved-tensor hooks
 # outside it never see, so the policy reports their sizes here, per checkpointed call:
 # ``keep(call, nbytes)``. The meter counts them until ``call`` is freed: it sits in the
@@ -66,7 +66,7 @@ def _policy(ctx, op, *args, call: _Call | None = None, **kwargs) -> CheckpointPo
 
 def _output_bytes(op, args, kwargs) -> int:
     """The bytes ``op`` will return, from its shapes alone (run on the meta device, or on
-    the fake tensors ddl plan's 16-bit probe runs on: ddl.worker.autocast_probe)."""
+    the fake tensors ddl plan's 16-bit probe runs on: ddl.planning.autocast_probe)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.utils._pytree import tree_flatten, tree_map
 

@@ -31,7 +31,7 @@ from ddl.worker.train import lr_schedule
 from ddl.worker.build import activation_checkpointing, compiling, sync_bn
 from ddl.worker.process import mesh
 from ddl.worker.build import build_memory, model_build
-from ddl.worker.activation_memory import SavedTensorMeter
+from ddl.worker.observe.activation_memory import SavedTensorMeter
 from ddl.worker.process.distributed import seed_all
 from ddl.worker.train.loaders import eval_loader, train_loader
 from ddl.worker.train.precision import Precision

@@ -11,7 +11,7 @@ in 16 bits, with FSDP2's mixed precision: parameters gathered in the compute dty
 reduced in fp32 (``param_dtype``, ``reduce_dtype``: torchtitan's defaults), which the
 candidate's flags ask for.
 
-Step time: ddl.settings.step_time_model (compute from FLOPs and the device's rate, an
+Step time: ddl.planning.step_time_model (compute from FLOPs and the device's rate, an
 alpha-beta model of the collectives, the pipeline bubble; docs/plan.md). What is here counts
 the bytes each layout moves, which ranks layouts where no link numbers are known.
 """

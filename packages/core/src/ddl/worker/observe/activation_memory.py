@@ -13,7 +13,7 @@ saves only its inputs (its inner tensors are saved under checkpointing's own hoo
 take precedence, and freed before the next unit runs). Under gradient accumulation a
 micro-batch's backward frees its tensors before the next forward: the peak is one
 micro-batch's. Under a pipeline schedule it is what the rank holds with the schedule's
-micro-batches in flight (GPipe: all m; 1F1B: pp - rank; ddl.settings.memory_model).
+micro-batches in flight (GPipe: all m; 1F1B: pp - rank; ddl.planning.memory_model).
 
 Until issue 41 the meter summed every tensor saved in a step. That over-counted pipelines
 by 16-25 %: torch.distributed.pipelining (2.14) runs the first micro-batch once more, with

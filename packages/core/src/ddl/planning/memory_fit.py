@@ -3,7 +3,7 @@
 parameter count a preset declares (``Preset.parameters``) and the bytes each parameter
 costs in training (fp32 weights and gradients, and an Adam-like optimizer's two fp32
 moments: 16 bytes), divided by the degrees that split the model, plus the runtime
-reserve of the device kind (ddl.settings.memory_model). Activations come on top; a layout
+reserve of the device kind (ddl.planning.memory_model). Activations come on top; a layout
 refused here would not fit with any batch. ``ddl plan`` predicts all of it (docs/plan.md).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from ddl.contract.errors import UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL, resolve
 from ddl.settings.config import RunConfig
-from ddl.settings.memory_model import GIB, RUNTIME_RESERVE_BYTES
+from ddl.planning.memory_model import GIB, RUNTIME_RESERVE_BYTES
 from ddl.settings.sites import SiteProfile
 
 TRAINING_BYTES_PER_PARAMETER = 4 + 4 + 8  # weights, gradients, Adam's two moments (fp32)

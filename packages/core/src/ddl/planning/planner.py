@@ -1,5 +1,5 @@
-"""``ddl plan``'s predictions: every candidate layout (ddl.settings.layout_search) with its
-memory per rank (ddl.settings.memory_model on what ddl.worker.plan_probe finds) and its
+"""``ddl plan``'s predictions: every candidate layout (ddl.planning.layout_search) with its
+memory per rank (ddl.planning.memory_model on what ddl.planning.plan_probe finds) and its
 step-time estimate; those that do not fit the device are kept with the reason.
 
 Probes are shared between candidates: model state depends on the layout alone, and the
@@ -21,10 +21,10 @@ from typing import Any
 from ddl.contract.errors import UsageError
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
-from ddl.settings import layout_search as search
-from ddl.settings import memory_model as mm
-from ddl.settings import step_time_model as stm
-from ddl.worker import plan_probe as probe
+from ddl.planning import layout_search as search
+from ddl.planning import memory_model as mm
+from ddl.planning import step_time_model as stm
+from ddl.planning import plan_probe as probe
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ Per layout, per optimizer step (``accumulation`` micro-steps):
 
 Activation checkpointing costs its recomputed forward: ``recompute`` (the share of the
 forward FLOPs the backward runs again, measured on the meta device by
-ddl.worker.plan_probe.recompute_shares: full = everything inside the checkpointed units,
+ddl.planning.plan_probe.recompute_shares: full = everything inside the checkpointed units,
 selective = their non-matrix ops at one FLOP per output element) adds ``share / 3`` of the
 training FLOPs.
 
@@ -387,34 +387,3 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
     exposed = exposed_seconds(layout, sizes, network, busy, crosses, overlap=not compute.cpu)
     total = busy / (1 - b) + sum(exposed.values())
     return StepTime(busy, comm, b, total, exposed)
-
-
-def fit_alpha_beta(points: list[tuple[str, int, float]], p: int) -> dict[str, float]:
-    """Least-squares alpha (s) and bandwidth (bytes/s) from measured ``(op, bytes,
-    seconds)`` over ``p`` ranks, each point weighted by 1 / its time (relative errors: the
-    small messages set alpha, the large ones beta). A negative solution for either is
-    clamped to 0 and the other refitted alone. ``worst_error``: the largest relative
-    deviation of a point from the fitted line."""
-    rows = []
-    for op, nbytes, seconds in points:
-        messages, share = ring_factors(op, p)
-        if seconds > 0 and (messages or share):
-            rows.append((messages / seconds, share * nbytes / seconds))
-    if len(rows) < 2:
-        raise ValueError("fitting alpha and beta needs at least two timed sizes")
-    # minimise sum((a alpha + b beta - 1)^2): the normal equations of the weighted problem
-    saa = sum(a * a for a, _ in rows)
-    sab = sum(a * b for a, b in rows)
-    sbb = sum(b * b for _, b in rows)
-    sa1 = sum(a for a, _ in rows)
-    sb1 = sum(b for _, b in rows)
-    det = saa * sbb - sab * sab
-    alpha = (sa1 * sbb - sb1 * sab) / det if det else 0.0
-    beta = (saa * sb1 - sab * sa1) / det if det else 0.0
-    if alpha < 0 or not det:
-        alpha, beta = 0.0, sb1 / sbb
-    elif beta <= 0:
-        alpha, beta = sa1 / saa, 0.0
-    worst = max(abs(a * alpha + b * beta - 1) for a, b in rows)
-    return {"latency_s": alpha, "bytes_per_s": 1 / beta if beta > 0 else float("inf"),
-            "worst_error": worst, "points": len(rows)}

@@ -1,6 +1,6 @@
 """``ddl doctor --collectives``: time all-reduce, all-gather, reduce-scatter and
 point-to-point between processes on this node and fit the alpha-beta model of
-ddl.settings.step_time_model to them.
+ddl.planning.step_time_model to them.
 
 N processes (spawned: a CUDA driver must not be forked) join one process group over
 127.0.0.1 - gloo on CPUs, NCCL on GPUs, one GPU each - with the rendezvous store opened by
@@ -17,7 +17,7 @@ all-reduced tensor, the all-gather's output, the reduce-scatter's input, one mes
 Point-to-point is a ring shift: every rank sends to the next and receives from the previous
 at once, as the stages of a pipeline do.
 
-The fit (``step_time_model.fit_alpha_beta``) weighs every size by its relative error, so
+The fit (``ddl.planning.alpha_beta_fit``) weighs every size by its relative error, so
 the small messages decide alpha and the large ones beta.
 """
 
@@ -29,7 +29,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ddl.settings import step_time_model as stm
+from ddl.planning import alpha_beta_fit
+from ddl.planning import step_time_model as stm
 
 KIB, MIB = 1024, 1024 ** 2
 CPU_SIZES = (4 * KIB, 64 * KIB, 512 * KIB, 4 * MIB, 16 * MIB)
@@ -159,6 +160,6 @@ def fits(seconds: dict[str, dict[int, float]], nproc: int) -> dict[str, dict[str
     for op, by_size in seconds.items():
         points = [(op, int(n), t) for n, t in by_size.items()]
         every += points
-        out[op] = stm.fit_alpha_beta(points, nproc)
-    out["all"] = stm.fit_alpha_beta(every, nproc)
+        out[op] = alpha_beta_fit.fit(points, nproc)
+    out["all"] = alpha_beta_fit.fit(every, nproc)
     return out

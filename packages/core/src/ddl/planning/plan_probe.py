@@ -6,11 +6,11 @@ Everything runs on the meta device (shapes, no memory, no arithmetic), so a 3-bi
 parameter T5 costs what a tiny one costs: the model is built there, cut into the
 pipeline stages the strategy would cut (``Workload.pipeline_stages``), its tensor-parallel
 plan is read for which tensors split on which dimension, and one forward pass of a
-micro-batch runs there under ddl's saved-tensor meter (ddl.worker.activation_memory), with
+micro-batch runs there under ddl's saved-tensor meter (ddl.worker.observe.activation_memory), with
 the activation checkpointing a run would apply. Tensor parallel's activations are those of
 one tp rank: the planned layers are narrowed to their local width first (colwise: output
 features / tp; rowwise: input features / tp), as each rank computes. The arithmetic on the
-shapes is ddl.settings.memory_model.
+shapes is ddl.planning.memory_model.
 
 What the probe must reproduce of a run, found measuring the equivalence matrix (issue 41):
 
@@ -23,7 +23,7 @@ What the probe must reproduce of a run, found measuring the equivalence matrix (
   BatchNorm keeps.
 * A pipeline rank holds the micro-batches its schedule keeps in flight, per stage: the
   order of the rank's forwards and backwards (:func:`pipeline_actions`: GPipe and 1F1B
-  from ddl.settings.memory_model, the multi-stage schedules from torch's own classes)
+  from ddl.planning.memory_model, the multi-stage schedules from torch's own classes)
   walked with each stage's bytes per micro-batch (:func:`rank_activation_bytes`).
 * A workload that trims each batch to its content (xsum: to the longest sequence) is
   probed untrimmed, at the preset's full lengths (:func:`sample_batch`): a bound no batch
@@ -42,10 +42,11 @@ from torch import nn
 
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
-from ddl.settings.memory_model import OptimizerCost, ParamShape, model_state
-from ddl.worker import autocast_probe
+from ddl.planning.memory_model import OptimizerCost, ParamShape, model_state
+from ddl.planning.pipeline_schedule import pipeline_actions, rank_activation_bytes  # noqa: F401
+from ddl.planning import autocast_probe
 from ddl.worker.build import activation_checkpointing
-from ddl.worker.activation_memory import SavedTensorMeter
+from ddl.worker.observe.activation_memory import SavedTensorMeter
 
 # (style, module type) -> the dimension DTensor shards the weight / bias on
 # (torch.distributed.tensor.parallel: ColwiseParallel, RowwiseParallel)
@@ -207,7 +208,7 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     SyncBatchNorm (GPUs) keeps what plain BatchNorm keeps, so the probe leaves plain
     BatchNorm there (torch's refuses the meta device). ``precision`` bf16/fp16: the
     forward runs on fake ``device_type`` tensors under torch's autocast
-    (ddl.worker.autocast_probe)."""
+    (ddl.planning.autocast_probe)."""
     if sync_bn:
         from ddl.worker.build import sync_bn as sync
 
@@ -328,58 +329,6 @@ def recompute_shares(workload: Workload, model: nn.Module, inputs: Any, targets:
         return {}
     return {"none": 0.0, "selective": total["selective"] / total["all"],
             "full": total["full"] / total["all"]}
-
-
-#: torch.distributed.pipelining's classes of the schedules with several stages per rank
-#: (ddl_strategies.pipeline.MULTI)
-_MULTI = {"interleaved1f1b": "ScheduleInterleaved1F1B", "looped_bfs": "ScheduleLoopedBFS",
-          "interleaved_zb": "ScheduleInterleavedZeroBubble"}
-
-
-def pipeline_actions(schedule: str, pp: int, pp_rank: int, microbatches: int,
-                     stages_per_rank: int = 1) -> list[tuple[str, int]]:
-    """One pipeline rank's compute order, (kind, stage index) per micro-batch action: "F"
-    forward, "B" full backward, "I"/"W" the input and weight halves of a zero-bubble
-    backward. GPipe and 1F1B: ddl.settings.memory_model.single_stage_actions; the
-    interleaved and looped schedules: the order torch's own class computes for the rank
-    (``_calculate_single_rank_operations``, run on a stand-in for the schedule object:
-    it reads only the sizes; no process group, no stages)."""
-    from ddl.settings.memory_model import single_stage_actions
-
-    if stages_per_rank == 1 and schedule not in _MULTI:
-        return single_stage_actions(schedule, microbatches, pp, pp_rank)
-    from types import SimpleNamespace
-
-    from torch.distributed import pipelining
-
-    cls = getattr(pipelining, _MULTI[schedule])
-    rounds = max(1, microbatches // pp)
-    fake = SimpleNamespace(pp_group_size=pp, n_local_stages=stages_per_rank,
-                           _stages=[None] * stages_per_rank, _n_microbatches=microbatches,
-                           number_of_rounds=rounds, microbatches_per_round=microbatches // rounds,
-                           rank=pp_rank)
-    kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I",
-             "BACKWARD_WEIGHT": "W"}
-    out = []
-    for action in cls._calculate_single_rank_operations(fake, pp_rank):
-        if action is not None and action.computation_type.name in kinds:
-            out.append((kinds[action.computation_type.name], action.stage_index))
-    return out
-
-
-def rank_activation_bytes(schedule: str, layout: ParallelLayout, rank: int,
-                          microbatches: int, per_stage: list[float],
-                          stages_per_rank: int = 1) -> float:
-    """What ``rank`` of ``layout`` holds for backward at its peak: one micro-batch's bytes
-    per stage (``per_stage``, all stages of the pipeline) times the micro-batches in flight
-    that its schedule's order gives; without a pipeline, ``per_stage[0]``."""
-    from ddl.settings.memory_model import pipeline_peak
-
-    if layout.pp == 1:
-        return per_stage[0]
-    pp_rank = layout.coordinates(rank)["pp"]
-    actions = pipeline_actions(schedule, layout.pp, pp_rank, microbatches, stages_per_rank)
-    return pipeline_peak(actions, dict(enumerate(per_stage)))
 
 
 def tile_batch(batch: Any, size: int) -> Any:

@@ -2,7 +2,7 @@
 
 What a rank keeps between steps is its *model state*: parameters, their gradients and the
 optimizer's state. Each follows from the full shapes of the model's parameters (a
-meta-device build gives them for free: ddl.worker.plan_probe) and the layout:
+meta-device build gives them for free: ddl.planning.plan_probe) and the layout:
 
 - a pipeline rank holds only the parameters of its stages (the probe lists them per rank);
 - tensor parallel splits the tensors of the workload's ``tp_plan`` on one dimension over
@@ -14,7 +14,7 @@ meta-device build gives them for free: ddl.worker.plan_probe) and the layout:
   FSDP2's mixed precision casts the gathered copies, not the shards);
 - optimizer state per tensor is ``factor x its bytes + fixed`` bytes, measured from the
   workload's own optimizer class (Adam(W): 2 moments and a 4-byte ``step`` tensor; SGD
-  without momentum: nothing; ddl.worker.plan_probe.optimizer_cost).
+  without momentum: nothing; ddl.planning.plan_probe.optimizer_cost).
 
 The torch.chunk rule matters for small tensors: ``torch.chunk(t, n)`` cuts pieces of
 ``ceil(d / n)`` rows, so 5 rows over 4 ranks are 2, 2, 1 and nothing - not 2, 1, 1, 1.
