@@ -12,9 +12,8 @@ In rooms by concern, each with a docstring listing what it holds:
 - ``observe``: what watches without changing the numbers: progress, live state,
   TensorBoard, the step breakdown, profiling, utilisation, results.json.
 
-At the top: ``memory`` and ``mfu`` (what a rank holds, the FLOPs share of its peak), and
-the planner's probes run in the CLI process (``planner``, ``plan_probe``,
-``autocast_probe``, ``activation_memory``, ``collective_probe``), which move to a room of
-their own with the rest of ``ddl plan``. Imports settings and the contract, never
-launching or commands. ``python -m ddl.worker`` starts one worker (torch's launchers do).
+At the top: ``memory`` and ``mfu`` (what a rank holds, the FLOPs share of its peak).
+``ddl plan``'s probes are in ddl.planning, above this layer. Imports settings and the
+contract, never planning, launching or commands. ``python -m ddl.worker`` starts one
+worker (torch's launchers do).
 """

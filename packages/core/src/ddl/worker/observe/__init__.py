@@ -7,6 +7,8 @@
 - ``step_breakdown``: where a step's time goes (data wait, the step, host syncs);
   ``profiling``: ``--profile N`` with torch.profiler; ``utilisation``: the device's busy
   share, sampled in a background thread.
+- ``activation_memory``: the bytes a step keeps for its backward (measured in the first
+  steps of an epoch; the planner predicts the same quantity).
 - ``results``: results.json, one run's configuration, measurements and outcome;
   ``container_record``: which image the run ran in.
 """
