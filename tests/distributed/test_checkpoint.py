@@ -89,7 +89,8 @@ def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist, npr
            "--checkpoint-every", "2", *extra)
     assert _max_relative(_weights(run_dir), _weights(runs / "whole")) < 1e-5
     # what the pipeline wrote (every stage, once however many replicas hold it) is the model
-    from ddl.worker.checkpointing.checkpoint import latest, load_model_weights
+    from ddl.worker.checkpointing.checkpoint import latest
+    from ddl.worker.checkpointing.checkpoint_choice import load_model_weights
     from ddl_mnist.plugin import PRESETS
     from ddl_mnist.workload import MnistWorkload
 
@@ -102,7 +103,8 @@ def test_checkpoint_changes_strategy_fsdp_to_pipeline(runs, synthetic_mnist, npr
 def test_plain_single_process_model_loads_a_sharded_checkpoint(runs):
     """For inference: no process group, no strategy; the 2-rank FSDP shards fill a plain
     model, which equals the weights the run exported at its end."""
-    from ddl.worker.checkpointing.checkpoint import latest, load_model_weights
+    from ddl.worker.checkpointing.checkpoint import latest
+    from ddl.worker.checkpointing.checkpoint_choice import load_model_weights
     from ddl_mnist.plugin import PRESETS
     from ddl_mnist.workload import MnistWorkload
 

@@ -186,7 +186,7 @@ def test_naming_a_crafted_checkpoint_fails_in_one_line_and_runs_nothing(trained,
 def test_load_model_weights_refuses_crafted_and_damaged_checkpoints(trained):
     """In-process: the inference/export path verifies and allow-lists as a resume does."""
     from ddl.contract.errors import UsageError
-    from ddl.worker.checkpointing.checkpoint import load_model_weights
+    from ddl.worker.checkpointing.checkpoint_choice import load_model_weights
     from ddl_mnist.plugin import PRESETS
     from ddl_mnist.workload import MnistWorkload
 

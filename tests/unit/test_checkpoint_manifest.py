@@ -238,4 +238,4 @@ def test_a_crafted_non_tensor_item_does_not_verify_and_runs_nothing(tmp_path):
         "weights-only (UnpicklingError)" in said[0], said
     assert not created.exists()
     with pytest.raises(UsageError, match="not loaded: item optim.lr"):
-        checkpoint.load_model_weights(two, torch.nn.Linear(1, 1))
+        checkpoint_choice.load_model_weights(two, torch.nn.Linear(1, 1))

@@ -172,3 +172,19 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", choices=["auto", "local", "srun", "torchrun", "torchrun_jsc"],
                    default=S, help="how workers start (default: auto: local processes "
                    "outside Slurm, the site's style inside a job)")
+
+
+#: An error line quotes the user's values; one this long is a paste or a runaway script,
+#: and the "one line" would be as long: it is cut (issue 52). Messages that quote a value on
+#: purpose cut it to about 40 characters themselves (ddl.launch.submit.shown).
+LONGEST_WORD, KEPT = 200, 40
+
+
+def bounded(message: str, longest: int = LONGEST_WORD, keep: int = KEPT) -> str:
+    """``message`` with every run of non-blank characters longer than ``longest`` cut to
+    its first ``keep`` characters and its length."""
+    def cut(word: str) -> str:
+        if len(word) <= longest:
+            return word
+        return f"{word[:keep]}...({len(word)} characters)"
+    return " ".join(cut(word) for word in message.split(" "))

@@ -10,6 +10,7 @@ import errno
 import importlib
 import sys
 
+from ddl.commands.arguments import bounded
 from ddl.commands.parser import make_parser
 from ddl.contract.errors import DdlError, UsageError, as_one_line
 
@@ -50,22 +51,6 @@ def _check_decodable(args: list[str]) -> None:
                 shown = ascii(arg)
             raise UsageError(f"argument {shown} is not valid UTF-8; ddl takes UTF-8 text "
                              "(file names included)") from None
-
-
-#: An error line quotes the user's values; one this long is a paste or a runaway script,
-#: and the "one line" would be as long: it is cut (issue 52). Messages that quote a value on
-#: purpose cut it to about 40 characters themselves (ddl.launch.submit.shown).
-LONGEST_WORD, KEPT = 200, 40
-
-
-def bounded(message: str, longest: int = LONGEST_WORD, keep: int = KEPT) -> str:
-    """``message`` with every run of non-blank characters longer than ``longest`` cut to
-    its first ``keep`` characters and its length."""
-    def cut(word: str) -> str:
-        if len(word) <= longest:
-            return word
-        return f"{word[:keep]}...({len(word)} characters)"
-    return " ".join(cut(word) for word in message.split(" "))
 
 
 def main(argv: list[str] | None = None) -> int:

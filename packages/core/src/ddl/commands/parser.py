@@ -11,6 +11,7 @@ from ddl import __version__
 from ddl.commands.arguments import (
     DEVICE_ALIASES,  # noqa: F401 - the flag's spellings (the config file's are the same)
     add_train_flags,
+    bounded,
     directory,
     key_value,
     mesh_degrees,
@@ -37,8 +38,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse quotes the bad value whole ("invalid int value: 'xxx...'"): cut a long
         # one to 40 characters, as ddl's own messages do (issue 52).
-        from ddl.commands.cli import bounded
-
         raise UsageError(f"{bounded(message, longest=60)} (see `{self.prog} --help`)")
 
     def parse_known_args(self, args=None, namespace=None):

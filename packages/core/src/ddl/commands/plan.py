@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ddl.commands import plan_job, plan_verify
 from ddl.planning import plan_target
-from ddl.contract.errors import DataError, UsageError
+from ddl.contract.errors import UsageError
 from ddl.planning.memory_model import size_text
 
 
@@ -163,7 +163,9 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                             site.inter_node_latency_s)
     caps = spec.capabilities
     with tempfile.TemporaryDirectory(prefix="ddl-plan-") as tmp:
-        source = _batch_source(workload, data_dir, Path(tmp))
+        from ddl.planning.plan_probe import batch_source
+
+        source = batch_source(workload, data_dir, Path(tmp))
         computes_in = planned_precision(precision, device.kind)
         plan = planner.Planner(workload, source, device, sync_bn=sync_bn,
                                precision=computes_in)
@@ -193,17 +195,6 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
             "ranked_by": "predicted step time" if timed else "bytes communicated per step",
             "fits": [p.as_dict() for p in fits],
             "dropped": [p.as_dict() for p in predictions if p.dropped]}
-
-
-def _batch_source(workload, data_dir: Path, tmp: Path) -> Path:
-    """Where a sample batch is read: the data if it is there, else a synthetic stand-in in
-    the same format (only shapes matter: the batch runs on the meta device)."""
-    try:
-        workload.check_data(data_dir)
-        return data_dir
-    except (DataError, OSError):
-        workload.prepare(tmp, synthetic=True)
-        return tmp
 
 
 def render(report: dict, top: int) -> str:

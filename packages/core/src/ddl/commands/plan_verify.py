@@ -95,7 +95,7 @@ def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path,
            site=None) -> dict[str, Any]:
     """Train the ``k`` best of ``report["fits"]`` here (in a Slurm job of ``site``: over
     its nodes); per layout predicted and measured."""
-    from ddl.commands.plan import _batch_source
+    from ddl.planning.plan_probe import batch_source
 
     fits = report["fits"]
     picked = choose(fits, k)
@@ -114,7 +114,7 @@ def verify(report: dict[str, Any], k: int, spec, preset, target, data_dir: Path,
                      "not the site's")
     layouts = []
     with tempfile.TemporaryDirectory(prefix="ddl-plan-verify-") as tmp:
-        data = _batch_source(spec.create(preset), data_dir, Path(tmp) / "data")
+        data = batch_source(spec.create(preset), data_dir, Path(tmp) / "data")
         if data != data_dir:
             notes.append(f"no {report['plugin']} data in {data_dir}: the runs trained on a "
                          "synthetic stand-in in the same format (memory and time depend on "

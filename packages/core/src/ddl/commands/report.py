@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.commands import report_charts, report_html, report_rounds
+from ddl.commands.run_results import SCALING_WORDS, parse_peak, read_results  # noqa: F401
 from ddl.contract.errors import UsageError
 from ddl.worker import mfu
 
@@ -36,17 +37,6 @@ CSV_FIELDS = ("devices", "run_dir", "epoch_time_s", "samples_per_s", "samples_pe
               "data_wait_s", "data_wait_fraction",
               "max_peak_rss_bytes", "max_model_state_bytes", "max_device_peak_allocated_bytes",
               "cpu_percent_mean", "device_util_percent_mean", "warning")
-
-
-def read_results(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / "results.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir}: no results.json (an unfinished or failed run?); give "
-                         "directories of finished runs") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not readable JSON: {exc}") from None
 
 
 def expand(dirs: list[Path]) -> list[Path]:
@@ -156,10 +146,6 @@ def scaling_kind(points: list[dict[str, Any]]) -> str:
     return "mixed"
 
 
-SCALING_WORDS = {"strong": "strong scaling (global batch kept)",
-                 "weak": "weak scaling (per-replica batch kept)",
-                 "mixed": "batch sizes vary (neither weak nor strong scaling)",
-                 "single point": "a single run"}
 ABOVE_IDEAL = 1.10  # a speedup more than 10 % above ideal is flagged, not believed
 
 
@@ -335,10 +321,8 @@ def _pct(value: float | None) -> str:
 def cmd_report(ns: argparse.Namespace) -> int:
     import os
 
-    from ddl.commands import scaling
-
     runs = expand(ns.run_dirs)
-    built = build(runs, scaling.parse_peak(ns.peak_flops))
+    built = build(runs, parse_peak(ns.peak_flops))
     out = ns.output or Path(os.path.commonpath([str(Path(d).resolve().parent) for d in runs]))
     print(format_table(built))
     for path in write(built, out):

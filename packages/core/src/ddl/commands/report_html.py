@@ -47,7 +47,7 @@ code { white-space: pre-wrap; overflow-wrap: anywhere; }
 def write(report: dict[str, Any], out: Path, pngs: list[Path]) -> Path:
     """report.html in ``out``: a run's page for a one-point report, else the study's (with
     the scaling plots ``pngs`` embedded)."""
-    from ddl.commands.report import read_results
+    from ddl.commands.run_results import read_results
 
     runs = [(p, read_results(Path(p["run_dir"]))) for p in report["points"]]
     if len(runs) == 1:
@@ -332,7 +332,7 @@ def container(record: Any) -> str:
 
 def study_page(report: dict[str, Any], runs: list[tuple[dict[str, Any], dict[str, Any]]],
                pngs: list[Path]) -> tuple[str, str]:
-    from ddl.commands.report import SCALING_WORDS
+    from ddl.commands.run_results import SCALING_WORDS
 
     title = (f"Scaling study: {report['plugin']} ({report['preset']}) with "
              f"{report['strategy']}")

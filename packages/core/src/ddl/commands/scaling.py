@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.commands.flags import train_arguments
+from ddl.commands.run_results import parse_peak
 from ddl.contract.errors import DdlError, UsageError
 from ddl.worker.process import threads
 
@@ -107,25 +108,6 @@ def parse_points(text: str, flag: str) -> list[int]:
     # each point's own bound (ddl train --nproc, ddl submit --nodes), before the first runs
     check_whole(flag, max(points), MAX_NPROC if flag == "--nprocs" else MAX_NODES)
     return sorted(points)
-
-
-def parse_peak(text: str | None) -> float | None:
-    """--peak-flops: a number of FLOP/s per device, or 'measure' (a one-thread fp32 matmul
-    on this CPU, the peak of one local rank)."""
-    if text is None:
-        return None
-    if text == "measure":
-        from ddl.worker.mfu import measure_matmul_peak
-
-        return measure_matmul_peak()
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise UsageError(f"--peak-flops: {text!r} is not a positive number of FLOP/s per "
-                         "device or 'measure'")
-    return value
 
 
 def batch_flag(flags: dict[str, Any], scaling: str, smallest_replicas: int) -> str:

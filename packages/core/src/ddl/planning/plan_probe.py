@@ -35,11 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ddl.contract.errors import DataError
 from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
 from ddl.planning.memory_model import OptimizerCost, ParamShape, model_state
@@ -329,6 +331,17 @@ def recompute_shares(workload: Workload, model: nn.Module, inputs: Any, targets:
         return {}
     return {"none": 0.0, "selective": total["selective"] / total["all"],
             "full": total["full"] / total["all"]}
+
+
+def batch_source(workload: Workload, data_dir: Path, tmp: Path) -> Path:
+    """Where a sample batch is read: the data if it is there, else a synthetic stand-in in
+    the same format (only shapes matter: the batch runs on the meta device)."""
+    try:
+        workload.check_data(data_dir)
+        return data_dir
+    except (DataError, OSError):  # missing, or not readable here
+        workload.prepare(tmp, synthetic=True)
+        return tmp
 
 
 def tile_batch(batch: Any, size: int) -> Any:

@@ -354,23 +354,3 @@ def load(path: Path, world: World, strategy, context, model, optimizer) -> Train
 def _first_reason(exc: BaseException) -> str:
     found = re.search(r"(Missing key[^\n]*|[Ss]ize mismatch[^\n]*|shape[^\n]*)", str(exc))
     return found.group(1).rstrip(".") if found else type(exc).__name__
-
-
-def load_model_weights(path: Path, model: torch.nn.Module) -> None:
-    """Fill a plain, unwrapped model (one process, no process group) from a checkpoint,
-    whatever strategy and number of ranks saved it: for inference or export. The checkpoint
-    must verify and its metadata pass the allow-list, else UsageError (one line)."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
-    from ddl.worker.checkpointing.checkpoint_choice import problem  # it builds on this module
-
-    why = problem(path)  # what a resume checks: manifest, trainer.json, allow-listed metadata
-    if why:
-        raise UsageError(f"checkpoint {path} not loaded: {why}")
-    state = {"model": model.state_dict()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=safe_load.reader(path), planner=safe_load.planner())
-    model.load_state_dict(state["model"])
