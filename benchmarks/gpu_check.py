@@ -337,7 +337,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--rounds must be 0 or more (got {args.rounds})")
     gpu = not args.cpu
     args.install = gpu if args.install is None else args.install
-    args.site = args.site or "mn5-acc"  # the CPU mode too: its peak gives MFU a value
+    # the CPU mode too (the same launcher); a CPU run gets no MFU against its GPU peak
+    args.site = args.site or "mn5-acc"
     args.budget = args.budget or (540.0 if gpu else 300.0)
     args.per_run_timeout = args.per_run_timeout or (240.0 if gpu else 120.0)
     return args

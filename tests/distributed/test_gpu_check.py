@@ -70,9 +70,9 @@ def _training_checks_report_what_ran_and_the_measurements(doc):
         n = by_name[name]["numbers"]
         assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
         assert n["mfu_vs_measured_peak"] == pytest.approx(n["achieved_flops_per_device"] / peak)
-        assert n["profile_peak_flops"] > 0
-        assert n["mfu_vs_profile_peak"] == pytest.approx(n["achieved_flops_per_device"]
-                                                         / n["profile_peak_flops"])
+        # a CPU run is not measured against the GPU site's peak (ddl.worker.mfu.site_peak:
+        # "MFU 0.0 %" said nothing); on a GPU both are numbers
+        assert n["profile_peak_flops"] is None and n["mfu_vs_profile_peak"] is None
         assert 0 < n["model_state_bytes"] < n["peak_rss_bytes"]
     course = by_name["course-mnist-bf16-r1"]["numbers"]
     assert course["preset"] == "course"
