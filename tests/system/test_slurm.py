@@ -389,9 +389,14 @@ def test_plan_verify_trains_the_best_layout_in_one_job(slurm, synthetic_mnist, t
     verified = report["verify"]
     assert verified["slurm_job"] == job_id, verified
     assert len(verified["layouts"]) == 2  # two srun steps, one rendezvous port after another
-    for layout, planned in zip(verified["layouts"], report["fits"]):
+    # the plan's best row of each of two distinct meshes (issue 51: --verify checks the
+    # ranking, not one mesh twice), as they ran
+    assert verified["layouts"][0]["plan_rank"] == 1
+    assert verified["layouts"][0]["mesh"] != verified["layouts"][1]["mesh"]
+    for layout in verified["layouts"]:
+        planned = report["fits"][layout["plan_rank"] - 1]
         assert layout["status"] == "measured", layout
-        assert layout["mesh"] == planned["mesh"]  # the plan's best two, as they ran
+        assert layout["mesh"] == planned["mesh"]
         assert layout["measured"]["mesh"] == layout["mesh"]
         assert math.prod(layout["mesh"].values()) == 8
         assert 0.95 <= layout["ratio"]["model_state"] <= 1.05, layout
@@ -438,8 +443,13 @@ def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, sy
            "30", "--seed", "7", "--checkpoint-every", "25", "--data-dir", str(synthetic_mnist),
            "--site", "local-slurm", "--nodes", "1", "--gpus-per-node", "2"]
     jobs = {}
-    for name, limits in (("limited", ["--time", "2", "--stop-margin", "105"]),
-                         ("reference", ["--time", "00:15:00", "--stop-margin", "0"])):
+    # each job a whole node, as the test means them: ddl now asks for the CPUs of the GPUs
+    # it uses (issue 52), so both jobs fit on node1 and, with the profile's fixed port
+    # 29500, their rendezvous would collide
+    for name, limits in (("limited", ["--time", "2", "--stop-margin", "105",
+                                      "--sbatch=--exclusive"]),
+                         ("reference", ["--time", "00:15:00", "--stop-margin", "0",
+                                        "--sbatch=--exclusive"])):
         proc = run_ddl("submit", *run, *limits, "--output-dir", str(tmp_path / name),
                        "--job-name", name, cwd=tmp_path, env=slurm.env, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
