@@ -16,7 +16,10 @@ still called that way, once warned (ddl.contract.deprecation).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any
+
+from ddl.contract.strategy import Strategy
 
 if TYPE_CHECKING:
     from ddl.worker.train.setup import Run
@@ -28,7 +31,7 @@ def optimizer_step(run: Run, micro: list[tuple[Any, Any]]) -> tuple[Any, list[An
     None when not clipping)."""
     strategy, model, context = run.strategy, run.model, run.context
     optimizer, precision = run.optimizer, run.precision
-    if runs_whole_step(strategy):
+    if _whole_step_class(type(strategy)):
         loss, outputs, norm = _whole_step_by_strategy(run, micro)
     else:
         optimizer.zero_grad(set_to_none=True)
@@ -42,9 +45,11 @@ def optimizer_step(run: Run, micro: list[tuple[Any, Any]]) -> tuple[Any, list[An
 def runs_whole_step(strategy: Any) -> bool:
     """Whether ``strategy`` still overrides the deprecated ``train_step``/``train_steps``
     (contract 2.0 and before) to run the whole step itself. ddl's own strategies do not."""
-    from ddl.contract.strategy import Strategy
+    return _whole_step_class(type(strategy))
 
-    cls = type(strategy)
+
+@cache  # asked every step: answered once per strategy class, not per step
+def _whole_step_class(cls: type) -> bool:
     return cls.train_step is not Strategy.train_step \
         or cls.train_steps is not Strategy.train_steps
 
