@@ -27,6 +27,7 @@ WATCHER = '''
 import functools, json, os
 
 import ddl.contract.strategy as strategy
+import ddl.settings.batch as batch
 import ddl.settings.config as config
 import ddl.settings.plan as plan
 import ddl.settings.rundir as rundir
@@ -52,7 +53,7 @@ watch(rundir, "name", lambda plugin, strategy, tag: f"{plugin}-{strategy}")
 watch(plan, "choose_launcher", lambda requested, site, env=None: requested)
 # what the pre-flight works out and the workers read from the plan (issue 40, item 1)
 watch(config, "resolve_preset", lambda config, spec: spec.name)
-watch(config, "resolve_batch", lambda config, batch, dp: f"dp {dp}")
+watch(batch, "resolve_batch", lambda config, batch, dp: f"dp {dp}")
 watch(config, "scaled_lr", lambda config, lr, glob, batch: f"global {glob}")
 watch(strategy.Strategy, "resolve_layout", lambda self, mesh, world: f"world {world}")
 '''

@@ -4,14 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from ddl.settings.config import (
-    BatchPlan,
-    RunConfig,
-    build,
-    load_config_file,
-    resolve_batch,
-    scaled_lr,
-)
+from ddl.settings.batch import BatchPlan, resolve_batch
+from ddl.settings.config import RunConfig, build, load_config_file, scaled_lr
 from ddl.contract.errors import UsageError
 
 pytestmark = pytest.mark.unit

@@ -149,6 +149,7 @@ def planned_3d_batch(step: str) -> str:
     from ddl.contract.layout import ParallelLayout
     from ddl.contract.plugins import Plugins
     from ddl.settings import config as cfg
+    from ddl.settings.batch import resolve_batch
 
     command = next(line for line in step.splitlines() if line.startswith("./ddl train"))
     plugins = Plugins()
@@ -157,7 +158,7 @@ def planned_3d_batch(step: str) -> str:
     _, preset = cfg.resolve_preset(config, plugins.workload(config.plugin))
     layout = ParallelLayout(**config.mesh)
     assert layout.world_size == config.nproc
-    batch = cfg.resolve_batch(config, preset.batch_size, layout.dp)
+    batch = resolve_batch(config, preset.batch_size, layout.dp)
     microbatches = config.microbatches or 2 * layout.pp  # compose.py: 2 x stages by default
     return (f"so the global batch of {batch.global_} is {batch.per_replica} per replica "
             f"(the preset's {preset.batch_size} per replica, as in step 7), cut into "

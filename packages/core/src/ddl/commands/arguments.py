@@ -95,7 +95,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=S,
                    help="local worker processes (default: the site's, 2 on `local`)")
     p.add_argument("--epochs", type=int, default=S, help="default: the preset's")
-    # both together: gradient accumulation (ddl.settings.config.resolve_batch)
+    # both together: gradient accumulation (ddl.settings.batch.resolve_batch)
     p.add_argument("--batch-size", type=int, default=S,
                    help="samples per replica per forward pass (default: the preset's)")
     p.add_argument("--global-batch-size", type=int, default=S,

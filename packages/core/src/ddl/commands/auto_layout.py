@@ -21,6 +21,7 @@ from ddl.contract.host_memory import available_bytes
 def choose(plan, plugins) -> Any:
     """``plan`` with the best layout applied (config) and its prediction (``predicted``)."""
     from ddl.commands.plan import plan_layouts
+    from ddl.settings import batch
     from ddl.settings.config import preset_name
 
     config, site = plan.config, plan.site
@@ -31,7 +32,11 @@ def choose(plan, plugins) -> Any:
     name = preset_name(config, spec)
     preset = spec.presets[name]
     world, per_node = plan.world_size, plan.nproc_per_node
-    global_batch = config.global_batch_size or (config.batch_size or preset.batch_size) * world
+    # the one rule (ddl.settings.batch), at the layout the search starts from; every
+    # candidate then trains this global batch, its fewer replicas each a larger share
+    global_batch = batch.global_batch(config.global_batch_size,
+                                      config.batch_size or preset.batch_size,
+                                      batch.planning_dp(world))
     gpu = site.accelerator != "cpu" and config.device != "cpu"
     memory = site.device_memory_bytes if gpu else available_bytes() // per_node
     if not memory:

@@ -22,6 +22,7 @@ from ddl.planning.memory_model import size_text
 
 def cmd_plan(ns: argparse.Namespace) -> int:
     from ddl.contract.plugins import Plugins
+    from ddl.settings import batch
     from ddl.settings.sites import get_site
 
     from ddl.commands.flags import check_whole
@@ -49,7 +50,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
                          f"{', '.join(spec.presets)}")
     preset = spec.presets[preset_name]
     world = ns.nodes * target.per_node
-    global_batch = ns.global_batch_size or preset.batch_size * world
+    global_batch = batch.global_batch(ns.global_batch_size, preset.batch_size,
+                                      batch.planning_dp(world))  # the one rule
     if ns.submit and ns.verify is None:
         raise UsageError("--submit: submits the --verify runs as one Slurm job; allowed: "
                          "with --verify [K]")

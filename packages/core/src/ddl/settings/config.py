@@ -221,8 +221,8 @@ def build(flags: dict[str, Any], file_values: dict[str, Any] | None = None,
           plugins=None) -> Built:
     """Merge site defaults, the config file and flags into a validated RunConfig.
 
-    Preset defaults are applied by the worker, which knows the world size (see
-    :func:`resolve_batch`).
+    Preset defaults are applied by the pre-flight, once the layout is known (see
+    :func:`ddl.settings.batch.resolve_batch`).
     """
     from ddl.settings.sites import detect_profile, get_site
 
@@ -279,40 +279,6 @@ def resolve_preset(config: RunConfig, spec) -> tuple[str, Any]:
     """(name, Preset) of the workload preset the run uses (:func:`preset_name`)."""
     name = preset_name(config, spec)
     return name, spec.presets[name]
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How the batch flags cut one optimizer step: ``micro`` samples per replica per
-    forward pass, ``accumulation`` such passes per step (gradients summed, synchronised
-    once), so ``per_replica`` = micro x accumulation and ``global_`` = per_replica x dp."""
-
-    micro: int
-    accumulation: int
-    per_replica: int
-    global_: int
-
-
-def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> BatchPlan:
-    """The batch plan for a data-parallel degree (torchtitan's rule: the global batch and
-    the per-replica micro-batch together imply the accumulation steps)."""
-    glob, micro = config.global_batch_size, config.batch_size
-    if glob is None:
-        micro = micro or preset_batch
-        return BatchPlan(micro, 1, micro, micro * dp_size)
-    if micro is None:
-        if glob % dp_size:
-            raise UsageError(
-                f"--global-batch-size: {glob} is not divisible by the {dp_size} "
-                f"data-parallel replicas; use a multiple of {dp_size}")
-        return BatchPlan(glob // dp_size, 1, glob // dp_size, glob)
-    step = micro * dp_size
-    if glob % step:
-        raise UsageError(
-            f"--global-batch-size: {glob} is not a multiple of --batch-size {micro} x "
-            f"{dp_size} data-parallel replica(s) = {step}, so no whole number of "
-            f"micro-steps makes it; allowed: multiples of {step}")
-    return BatchPlan(micro, glob // step, glob // dp_size, glob)
 
 
 def scaled_lr(config: RunConfig, base_lr: float, global_batch: int, preset_batch: int) -> float:

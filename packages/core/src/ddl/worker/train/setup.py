@@ -24,7 +24,8 @@ from ddl.contract.plugins import Plugins
 from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
 from ddl.contract.world import World
-from ddl.settings.config import RunConfig, resolve_batch, resolve_preset, scaled_lr
+from ddl.settings.batch import resolve_batch
+from ddl.settings.config import RunConfig, resolve_preset, scaled_lr
 from ddl.settings.plan import Resolved
 from ddl.worker.checkpointing import checkpoint
 from ddl.worker.train import lr_schedule
