@@ -146,6 +146,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
 
     torch.set_num_threads(1)  # one core per stage: stages must not compete for threads
     from ddl.contract.strategy import StrategyContext
+    from ddl.worker.process import mesh
     from ddl.worker.process.distributed import init_world
     from ddl.worker.train.precision import Precision
     from ddl_strategies.pipeline import schedule_choice
@@ -156,8 +157,11 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     # interleaved schedules hold v stages per rank: one equal block per stage
     v = schedule_choice(strategy.options)[1]
     workload = _toy_workload(replace(settings, stages=settings.stages * v))
-    run = StrategyContext(world=world, layout=strategy.resolve_layout({}, world.size),
-                          workload=workload, microbatches=microbatches)  # as the trainer
+    layout = strategy.resolve_layout({}, world.size)
+    run_mesh, dp_mesh = mesh.build(layout, world)  # the worker's one mesh builder
+    run = StrategyContext(world=world, layout=layout, workload=workload,
+                          microbatches=microbatches, mesh=run_mesh,
+                          dp_mesh=dp_mesh)  # as the trainer
     strategy.check(run)
     batch = microbatches * settings.microbatch
     strategy.check_layout(run, SimpleNamespace(batch_per_replica=batch, micro_batch=batch))

@@ -46,9 +46,9 @@ class StrategyContext:
     microbatches: int | None = None  # --microbatches as given (pipelines)
     clip_grad_norm: float | None = None  # --clip-grad-norm
     precision: str = "fp32"  # the run's: fp32, bf16 or fp16 (auto decided by the run plan)
-    #: The run's DeviceMesh (ddl.worker.process.mesh): the layout's four named dimensions, built
-    #: once by the worker. None before workers start (the pre-flight) and for callers
-    #: that build no mesh.
+    #: The run's DeviceMesh (ddl.worker.process.mesh.build, the one builder): the layout's
+    #: four named dimensions, built once by the worker. None before workers start (the
+    #: pre-flight); a strategy that splits the model needs it in ``wrap``.
     mesh: Any = None
     #: Its data-parallel ranks as one dimension (``dp``: dp_replicate x dp_shard flattened).
     dp_mesh: Any = None

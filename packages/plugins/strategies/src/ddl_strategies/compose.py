@@ -17,9 +17,10 @@ built into the model in one fixed order, after torchtitan's ``parallelize`` func
 
 Every module applies to the output of the one before: tensor parallel turns a stage's
 weights into DTensors on the ``tp`` slice, FSDP shards those once more along the data-
-parallel slice. All slices come from one DeviceMesh over the four dimensions
-(``ParallelLayout.device_mesh``), so a rank's tp, dp and pp groups always agree with the
-layout's rank order. ``--mesh pp=2,tp=2,dp_shard=2`` thus needs no class of its own: this
+parallel slice. All slices come from the run's one DeviceMesh over the four dimensions,
+built once by the worker (ddl.worker.process.mesh.build) and handed in as
+``StrategyContext.mesh``, so a rank's tp, dp and pp groups always agree with the layout's
+rank order and with the data loaders'. ``--mesh pp=2,tp=2,dp_shard=2`` thus needs no class of its own: this
 one is ``--strategy mesh``, which ``ddl train`` picks when ``--mesh`` is given without
 ``--strategy``; ddp, fsdp, tp, fsdp+tp and pp are the same class with a default layout
 (ddl_strategies.shorthands).
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddl.contract.errors import UsageError
+from ddl.contract.errors import DdlError, UsageError
 from ddl.contract.layout import MESH_ALLOWED, MESH_DP_MEANS, MESH_FILL
 from ddl.contract.strategy import Strategy, StrategyContext
 from ddl.contract.workload import Workload
@@ -117,8 +118,12 @@ class MeshStrategy(Strategy):
         if self._replicate_only(run):
             bucket_mb = self.option_number("bucket_cap_mb", 25.0, above=0)
             return ddp.replicate(model, world, bucket_mb)
-        # the worker's one mesh (ddl.worker.process.mesh); callers without one get the layout's
-        mesh = run.mesh if run.mesh is not None else p.device_mesh(world.device.type)
+        # the run's one mesh, built by its one builder (ddl.worker.process.mesh.build): a
+        # second mesh here could order the ranks differently from the loaders' and sync-BN's
+        mesh = run.mesh
+        if mesh is None:
+            raise DdlError(f"--strategy {self.name}: wrap() needs the run's DeviceMesh "
+                           "(StrategyContext.mesh, from ddl.worker.process.mesh.build)")
         units = workload.fsdp_units(model)  # of the whole model, before any cut
         plan = workload.tp_plan(model) if p.tp > 1 else {}
         if p.pp > 1:
