@@ -272,3 +272,43 @@ def pytest_xdist_make_scheduler(config, log):
     from worker_schedule import ModuleKeepingWorkStealing
 
     return ModuleKeepingWorkStealing(config, log)
+
+
+#: gloo fits planted for `ddl plan --site local` and `ddl train --mesh auto` (issue 51): a
+#: plan of this machine reads them from its per-machine cache (ddl.planning.cpu_calibration)
+#: and would otherwise measure them (30-45 s) and write ~/.cache. Numbers of the order this
+#: 2-core VM measured (docs/plan.md); tests of the model plant their own.
+PLANTED_LINKS = {"all_reduce": {"latency_s": 7e-4, "bytes_per_s": 1.5e9},
+                 "all_gather": {"latency_s": 1e-3, "bytes_per_s": 4e8},
+                 "reduce_scatter": {"latency_s": 1e-3, "bytes_per_s": 4e8},
+                 "p2p": {"latency_s": 1e-3, "bytes_per_s": 7e8}}
+
+
+def plant_cpu_links(folder: Path, fits: dict | None = None, nprocs=range(2, 9)) -> Path:
+    """A cache of this machine's links (and matmul rate) in ``folder``, for DDL_CACHE_DIR."""
+    from ddl.planning import cpu_calibration
+
+    saved = os.environ.get("DDL_CACHE_DIR")
+    os.environ["DDL_CACHE_DIR"] = str(folder)
+    try:
+        for n in nprocs:
+            cpu_calibration.store(f"links-{n}", {"fits": fits or PLANTED_LINKS, "seconds": {}})
+        cpu_calibration.store("matmul", {"flops_1_thread": 5e10})
+    finally:
+        if saved is None:
+            os.environ.pop("DDL_CACHE_DIR")
+        else:
+            os.environ["DDL_CACHE_DIR"] = saved
+    return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _planted_cpu_links(tmp_path_factory):
+    folder = plant_cpu_links(tmp_path_factory.mktemp("ddl-cache"))
+    saved = os.environ.get("DDL_CACHE_DIR")
+    os.environ["DDL_CACHE_DIR"] = str(folder)
+    yield folder
+    if saved is None:
+        os.environ.pop("DDL_CACHE_DIR", None)
+    else:
+        os.environ["DDL_CACHE_DIR"] = saved

@@ -71,7 +71,8 @@ SIZES = stm.Sizes(param_bytes=4e8, rowwise_bytes=1e6, boundary_bytes=2e6)
 def test_each_layout_communicates_what_it_should():
     intra = NET.intra
     ddp = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_replicate=4), micro_batch=8), SIZES, NET)
-    assert ddp == {"dp_replicate": pytest.approx(intra.seconds("all_reduce", 4e8, 4))}
+    # DDP all-reduces bucket by bucket (25 MiB): each of the 16 calls pays its latency
+    assert ddp == {"dp_replicate": pytest.approx(intra.seconds("all_reduce", 4e8, 4, 16))}
     # FSDP: per micro-step two all-gathers (forward, backward); one reduce-scatter per
     # step (accumulating micro-steps skip it)
     fsdp = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_shard=4), micro_batch=8, accumulation=3),
@@ -83,6 +84,13 @@ def test_each_layout_communicates_what_it_should():
     hsdp = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_replicate=2, dp_shard=2), micro_batch=8),
                             SIZES, NET)
     assert hsdp["dp_replicate"] == pytest.approx(intra.seconds("all_reduce", 2e8, 2))
+    # FSDP2 gathers and reduces unit by unit: every unit's call pays the latency
+    units = stm.Sizes(param_bytes=4e8, units=5)
+    five = stm.comm_seconds(stm.StepLayout(ParallelLayout(dp_shard=4), micro_batch=8),
+                            units, NET)
+    assert five["dp_shard"] == pytest.approx(2 * (
+        intra.seconds("all_gather", 4e8, 4) + 4 * 3 * ALPHA)
+        + intra.seconds("reduce_scatter", 4e8, 4) + 4 * 3 * ALPHA)
     # TP: an all-reduce forward and one backward of the row-parallel outputs per pass
     tp = stm.comm_seconds(stm.StepLayout(ParallelLayout(tp=2, dp_replicate=2), micro_batch=8), SIZES, NET)
     assert tp["tp"] == pytest.approx(2 * intra.seconds("all_reduce", 8e6, 2))
@@ -96,7 +104,7 @@ def test_groups_across_nodes_share_the_node_network():
     layout = stm.StepLayout(ParallelLayout(dp_replicate=8), micro_batch=8)
     across = stm.comm_seconds(layout, SIZES, NET, {"dp_replicate": True})
     slow = stm.Link(10 * ALPHA, 4 * BW / 4)  # the node's injection bandwidth over 4 GPUs
-    assert across["dp_replicate"] == pytest.approx(slow.seconds("all_reduce", 4e8, 8))
+    assert across["dp_replicate"] == pytest.approx(slow.seconds("all_reduce", 4e8, 8, 16))
     assert across["dp_replicate"] > stm.comm_seconds(layout, SIZES, NET)["dp_replicate"]
     with pytest.raises(ValueError, match="inter-node"):
         stm.comm_seconds(layout, SIZES, stm.Network(NET.intra), {"dp_replicate": True})
@@ -217,8 +225,8 @@ def test_fsdp_gathers_bf16_and_hides_its_traffic_under_compute():
     crosses = {"dp_shard": True}
     t = stm.step_time(layout, T5_3B_FLOPS, A100, T5_3B, JUWELS, crosses)
     ib = JUWELS.link(True)
-    gather = ib.seconds("all_gather", 11.4e9 / 2, 8)  # bf16: half the stored bytes
-    scatter = ib.seconds("reduce_scatter", 11.4e9, 8)  # fp32 gradients
+    gather = ib.seconds("all_gather", 11.4e9 / 2, 8, 49)  # bf16: half the stored bytes
+    scatter = ib.seconds("reduce_scatter", 11.4e9, 8, 49)  # fp32 gradients; per unit
     assert t.comm_s["dp_shard"] == pytest.approx(2 * gather + scatter)
     forward, backward = t.compute_s / 3, 2 * t.compute_s / 3
     want = (gather / 49 + max(0, gather * 48 / 49 - forward)
@@ -253,12 +261,12 @@ def test_without_compute_nothing_hides_and_cpus_never_overlap():
     assert stm.exposed_seconds(layout, sizes, NET, busy_s=10.0, overlap=False) == raw
     # accumulation: gathers every micro-step, the reduce-scatter once per step
     intra = NET.intra
-    assert raw["dp_shard"] == pytest.approx(4 * intra.seconds("all_gather", 4e8, 4)
-                                            + intra.seconds("reduce_scatter", 4e8, 4))
+    assert raw["dp_shard"] == pytest.approx(4 * intra.seconds("all_gather", 4e8, 4, 5)
+                                            + intra.seconds("reduce_scatter", 4e8, 4, 5))
     # DDP: all buckets but the last hide under the backward
     ddp = stm.StepLayout(ParallelLayout(dp_replicate=4), micro_batch=8)
-    ar = intra.seconds("all_reduce", 4e8, 4)
     buckets = -(-int(4e8) // stm.DDP_BUCKET_BYTES)
+    ar = intra.seconds("all_reduce", 4e8, 4, buckets)
     assert stm.exposed_seconds(ddp, SIZES, NET, busy_s=100.0)["dp_replicate"] == \
         pytest.approx(ar / buckets)
 

@@ -5,8 +5,9 @@ with its memory and step-time models; the best one that fits becomes the run's `
 micro-batch (``--batch-size``, with the global batch kept) and activation checkpointing,
 and its prediction goes into the plan and results.json (``plan.predicted``) beside what
 the run then measures. On a CPU (a local run) a "device" is a rank's share of the memory
-the machine has available; without a peak FLOP rate for the site the layouts are ranked by
-the bytes they communicate.
+the machine has available, and the step times come from this machine's measured gloo links
+and the workload timed here (ddl.planning.cpu_calibration); a CPU run elsewhere (srun) is
+ranked by the bytes its layouts communicate.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def choose(plan, plugins) -> Any:
     report = plan_layouts(spec, preset, site, per_node, world, global_batch,
                           Path(config.data_dir), device_kind=site.accelerator if gpu else "cpu",
                           memory_bytes=memory, sync_bn=config.sync_bn,
-                          precision=config.precision)
+                          precision=config.precision,
+                          this_machine=not gpu and plan.launcher == "local")
     if not report["fits"]:
         why = report["dropped"][0]["dropped"] if report["dropped"] else "no layout"
         raise UsageError(f"--mesh auto: no layout of {world} processes fits ({why}); "

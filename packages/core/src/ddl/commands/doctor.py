@@ -233,6 +233,11 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
     if gpus and nproc > gpus:
         raise UsageError(f"--nproc: {nproc}; allowed: at most the {gpus} GPU(s) visible")
     measured = collective_probe.measure(nproc, backend)
+    if backend == "gloo":  # what `ddl plan --site local` times this machine's layouts with
+        from ddl.planning import cpu_calibration
+
+        cpu_calibration.store(f"links-{nproc}", {"fits": measured["fits"],
+                                                 "seconds": measured["seconds"]})
     measured["site"] = {"name": site.name, "intra_node_latency_s": site.intra_node_latency_s,
                         "intra_node_bytes_per_s": site.intra_node_bytes_per_s}
     if fmt == "json":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -62,7 +63,8 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     data_dir = Path(ns.data_dir or site.defaults.data_dir or "data")
     report = plan_layouts(spec, preset, site, target.per_node, world, global_batch, data_dir,
                           device_kind=target.device_kind, memory_bytes=target.memory_bytes,
-                          sync_bn=ns.sync_bn, precision=ns.precision)
+                          sync_bn=ns.sync_bn, precision=ns.precision,
+                          this_machine=target.device_kind == "cpu" and site.launcher == "local")
     report.update(plugin=spec.name, preset=preset_name, site=site.name, nodes=ns.nodes,
                   devices=target.devices, memory_source=target.memory_source)
     if ns.submit:  # --verify K --submit: the K best trained in one Slurm job (plan_job)
@@ -137,12 +139,15 @@ def _save(report: dict, path: Path) -> None:
 def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batch: int,
                  data_dir: Path, *, device_kind: str | None = None,
                  memory_bytes: int | None = None, sync_bn: bool = False,
-                 precision: str = "auto") -> dict:
+                 precision: str = "auto", this_machine: bool = False) -> dict:
     """Every candidate layout with its prediction: ``fits`` ranked best first, ``dropped``
     with the reason. ``device_kind`` and ``memory_bytes`` default to the site's GPUs (a
     local CPU run passes ``cpu`` and a rank's share of the machine's memory); ``sync_bn``:
     the runs use ``--sync-bn`` (a CPU's float64 BatchNorm keeps more for backward);
-    ``precision``: the runs' ``--precision`` (auto: 16-bit autocast on GPUs, fp32 on CPUs)."""
+    ``precision``: the runs' ``--precision`` (auto: 16-bit autocast on GPUs, fp32 on CPUs);
+    ``this_machine``: a CPU plan of processes on this machine, timed from its measured
+    links, matmul rate and the workload's measured costs (ddl.planning.cpu_calibration)
+    instead of ranked by bytes communicated."""
     from ddl.contract.context import RunContext
     from ddl.contract.layout import ParallelLayout
     from ddl.contract.world import World
@@ -163,6 +168,8 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
                             site.device_peak_flops, site.intra_node_bytes_per_s,
                             site.inter_node_bytes_per_s, site.intra_node_latency_s,
                             site.inter_node_latency_s)
+    if this_machine and device.kind == "cpu":
+        device = _this_cpu(device, world)
     caps = spec.capabilities
     with tempfile.TemporaryDirectory(prefix="ddl-plan-") as tmp:
         from ddl.planning.plan_probe import batch_source
@@ -171,11 +178,13 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
         computes_in = planned_precision(precision, device.kind)
         plan = planner.Planner(workload, source, device, sync_bn=sync_bn,
                                precision=computes_in)
-        predictions = [plan.predict(c, global_batch) for c in search.candidates(
+        candidates = list(search.candidates(
             world, gpus_per_node, global_batch, tp_ok="tp_plan" in caps,
             pp_ok="pipeline_splits" in caps,
             # FSDP2 gathers in the compute dtype on GPUs; a CPU run keeps ddl's fp32
-            computes_in=computes_in if device.kind != "cpu" else "fp32")]
+            computes_in=computes_in if device.kind != "cpu" else "fp32"))
+        plan.calibrate_cpu(candidates)  # a CPU of this machine: the workload timed here
+        predictions = [plan.predict(c, global_batch) for c in candidates]
     if not predictions:
         raise UsageError(f"--global-batch-size: {global_batch} does not split over any "
                          f"data-parallel degree of {world} GPUs; allowed: a multiple of "
@@ -197,6 +206,33 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
             "ranked_by": "predicted step time" if timed else "bytes communicated per step",
             "fits": [p.as_dict() for p in fits],
             "dropped": [p.as_dict() for p in predictions if p.dropped]}
+
+
+def _this_cpu(device, world: int):
+    """``device`` with this machine's measured gloo links between ``world`` processes
+    and one thread's matmul rate (cached per machine; measured once when missing:
+    ddl.planning.cpu_calibration)."""
+    import dataclasses
+    import sys
+
+    from ddl.planning import cpu_calibration
+
+    def measure(n: int) -> dict:
+        from ddl.commands import collective_probe
+
+        print(f"ddl: note: measuring this machine's gloo links between {n} processes "
+              f"(once; cached in {cpu_calibration.cache_dir() / cpu_calibration.CACHE_FILE}"
+              "; `ddl doctor --collectives` refreshes it)", file=sys.stderr, flush=True)
+        return collective_probe.measure(n, "gloo")
+
+    if world > 1:
+        fits, _ = cpu_calibration.links(world, measure)
+    else:
+        fits = {"all_reduce": {"latency_s": 0.0, "bytes_per_s": float("inf")}}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return dataclasses.replace(device, cpu_links=fits,
+                               cpu_matmul_flops=cpu_calibration.matmul_flops(), cores=cores)
 
 
 def render(report: dict, top: int) -> str:

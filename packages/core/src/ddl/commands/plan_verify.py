@@ -57,7 +57,11 @@ from typing import Any
 from ddl.contract.errors import UsageError
 from ddl.planning.memory_model import size_text
 
-EPOCHS, STEPS = 2, 3  # the first epoch is warm-up: step time from the second
+# the first epoch is warm-up: step time from the second. 10 steps: ddl's saved-tensor meter
+# runs on an epoch's first 2 (ddl.worker.train.epoch) and the epoch's end reduces the
+# metrics; with 3 steps both weighed in the step time (MNIST tiny DDP, 2 ranks: 14 ms a
+# step over 3, against ~6 ms in steady state), which the plan's step does not count.
+EPOCHS, STEPS = 2, 10
 
 
 def in_slurm_job(site, nodes: int) -> bool:

@@ -13,6 +13,7 @@ micro-batches (memory_model.in_flight, measured to the byte on CPU runs).
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -37,6 +38,12 @@ class Device:
     inter_bytes_per_s: float | None
     intra_latency_s: float | None = None  # None: the model counts bandwidth only
     inter_latency_s: float | None = None
+    # a CPU plan of this machine (ddl.planning.cpu_calibration): the gloo fits between
+    # the plan's processes ({op: {latency_s, bytes_per_s}}), one thread's matmul rate, and
+    # the cores the ranks share; None: ranked by bytes communicated
+    cpu_links: Mapping[str, Mapping[str, float]] | None = None
+    cpu_matmul_flops: float | None = None
+    cores: int = 1
 
 
 @dataclass
@@ -75,9 +82,47 @@ class Planner:
         self.cost = probe.optimizer_cost(workload)
         self.batch_source = batch_source
         self.flops = workload.flops_per_sample()
+        self.cpu_costs: dict[str, Any] | None = None  # calibrate_cpu
 
     def _copy(self):
         return copy.deepcopy(self.model)
+
+    def calibrate_cpu(self, candidates: list[search.Candidate]) -> dict[str, Any] | None:
+        """On a CPU plan of this machine (``device.cpu_links``): the workload's costs
+        measured here, once, for the pipeline degrees and micro-batch sizes of
+        ``candidates`` (ddl.planning.cpu_calibration); None where not measured (another
+        device, a model too big to build here: then FLOPs / the matmul rate)."""
+        from ddl.planning import cpu_calibration
+
+        if self.device.kind != "cpu" or not self.device.cpu_links:
+            return None
+        degrees = tuple(sorted({c.layout.pp for c in candidates
+                                if c.layout.pp == 1 or not self.check(c.layout)}))
+        biggest = max((c.micro_batch // max(c.microbatches, 1) for c in candidates),
+                      default=2)
+        sizes = (2, max(min(biggest, 64), 3))
+        param_bytes = sum(p.itemsize * _numel(p.shape) for p in self.model.parameters())
+        self.cpu_costs = cpu_calibration.workload_costs(
+            self.workload, self.batch_source, degrees, sizes, param_bytes)
+        return self.cpu_costs
+
+    def _compute(self) -> stm.Compute | None:
+        """The rank's compute: a GPU at the site's peak (the assumed efficiency); a CPU
+        of this machine at its measured costs (or FLOPs / its matmul rate)."""
+        d = self.device
+        if d.kind == "cpu":
+            if not d.cpu_links or not d.cpu_matmul_flops:
+                return None
+            costs = self.cpu_costs
+            return stm.Compute(d.cpu_matmul_flops, 1.0, cpu=True, cores=d.cores, costs=(
+                stm.CpuCosts({int(k): tuple(tuple(x) for x in v)
+                              for k, v in costs["stages"].items()},
+                             costs["optimizer_s"], costs["param_bytes"],
+                             tuple(costs.get("data") or (0.0, 0.0)))
+                if costs else None))
+        if d.peak_flops and d.intra_bytes_per_s and d.inter_bytes_per_s:
+            return stm.Compute(d.peak_flops)
+        return None
 
     @cache  # noqa: B019 - one planner per command
     def check(self, layout: ParallelLayout) -> str | None:
@@ -180,7 +225,8 @@ class Planner:
                            f"{gib(d.memory_bytes)}")
         out.comm_bytes = search.comm_bytes(c, full, one.rowwise_bytes,
                                            one.boundary_bytes)
-        if d.peak_flops and self.flops and d.intra_bytes_per_s and d.inter_bytes_per_s:
+        compute = self._compute()
+        if compute is not None and (self.flops or compute.costs):
             # the stages' FLOPs from the probe without checkpointing (torch's counter
             # does not see into selective checkpointing's own dispatch mode)
             flops = self._line(layout.tp, layout.pp, "none")[0].stage_flops \
@@ -190,9 +236,10 @@ class Planner:
                               rowwise_layers=one.rowwise_layers, recompute=self.recompute(),
                               stage_shares=shares)
             timed = stm.step_time(
-                step_layout(c), self.flops, stm.Compute(d.peak_flops), sizes, network(d),
+                step_layout(c), self.flops or 0.0, compute, sizes, network(d),
                 {dim: search.crosses_nodes(layout, dim, d.gpus_per_node)
-                 for dim in ("dp_replicate", "dp_shard", "tp", "pp")})
+                 for dim in ("dp_replicate", "dp_shard", "tp", "pp")},
+                local_ranks=layout.world_size if d.kind == "cpu" else None)
             out.step_s, out.step_time = timed.total_s, timed.as_dict()
         return out
 
@@ -206,7 +253,14 @@ def step_layout(c: search.Candidate) -> stm.StepLayout:
 
 
 def network(d: Device) -> stm.Network:
-    """The site's two link levels (a latency it does not give counts as 0)."""
+    """The site's two link levels (a latency it does not give counts as 0); on a CPU of
+    this machine the measured gloo fits, one per collective (one node: no second level)."""
+    if d.kind == "cpu" and d.cpu_links:
+        base = d.cpu_links.get("all_reduce") or d.cpu_links.get("all") or {}
+        per_op = {op: (f["latency_s"], f["bytes_per_s"]) for op, f in d.cpu_links.items()
+                  if op in stm.OPS}
+        return stm.Network(stm.Link(base.get("latency_s", 0.0),
+                                    base.get("bytes_per_s", float("inf")), per_op))
     return stm.Network(stm.Link(d.intra_latency_s or 0.0, d.intra_bytes_per_s),
                        stm.Link(d.inter_latency_s or 0.0, d.inter_bytes_per_s),
                        d.gpus_per_node)

@@ -128,13 +128,14 @@ class Link:
     def numbers(self, op: str) -> tuple[float, float]:
         return self.per_op.get(op, (self.latency_s, self.bytes_per_s))
 
-    def seconds(self, op: str, nbytes: float, p: int) -> float:
-        """Time of one ``op`` of ``nbytes`` over ``p`` ranks on this link."""
+    def seconds(self, op: str, nbytes: float, p: int, calls: int = 1) -> float:
+        """Time of ``op`` moving ``nbytes`` in all over ``p`` ranks on this link, in
+        ``calls`` calls (FSDP gathers unit by unit: each call pays its own latency)."""
         if nbytes <= 0 or (p <= 1 and op != "p2p"):
             return 0.0
         alpha, bandwidth = self.numbers(op)
         messages, share = ring_factors(op, p)
-        return messages * alpha + share * nbytes / bandwidth
+        return max(calls, 1) * messages * alpha + share * nbytes / bandwidth
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,25 @@ class Network:
 
 
 @dataclass(frozen=True)
+class CpuCosts:
+    """A workload's costs measured on ONE CPU thread (ddl.planning.cpu_calibration):
+    ``stages`` per pipeline degree, per stage ``(pass_s, sample_s)``: a forward + backward
+    of a micro-batch of n samples takes ``pass_s + n x sample_s`` (pp 1: the whole model
+    with its loss); ``optimizer_s``: zero_grad + step over the whole model, whose fp32
+    parameters are ``param_bytes``; ``data``: a rank's fetch of one batch of n samples
+    takes ``data[0] + n data[1]`` (every rank of a pipeline loads the batch)."""
+
+    stages: Mapping[int, tuple[tuple[float, float], ...]]
+    optimizer_s: float
+    param_bytes: float
+    data: tuple[float, float] = (0.0, 0.0)  # fetching a batch: per batch, per sample
+
+
+@dataclass(frozen=True)
 class Compute:
     """What one rank computes with. ``peak_flops``: of one device (a GPU) or of ONE thread
-    (a CPU: ``cpu=True``)."""
+    (a CPU: ``cpu=True``). ``costs`` (CPU): the workload's measured costs, which replace
+    FLOPs / rate for the pipeline degrees they cover."""
 
     peak_flops: float
     efficiency: float = ASSUMED_GPU_EFFICIENCY
@@ -165,6 +182,7 @@ class Compute:
     cpu: bool = False
     cores: int = 1  # CPU: cores the node's ranks share
     thread_efficiency: float = 1.0  # CPU: rate of t threads / (t x one thread's)
+    costs: CpuCosts | None = None
 
 
 def threads_per_rank(cores: int, ranks: int) -> int:
@@ -254,10 +272,44 @@ def recompute_share(layout: StepLayout, sizes: Sizes | None = None) -> float:
     return RECOMPUTE[layout.checkpointing] * 3 - 3
 
 
+def measured_parts(layout: StepLayout, compute: Compute, sizes: Sizes | None = None
+                   ) -> tuple[float, float, float] | None:
+    """From a CPU's measured costs (``compute.costs``), on one thread and before the
+    cores are shared: (the slowest stage's passes per step, the optimizer's step over
+    what the rank holds, that stage's share of one micro-batch's time through all
+    stages), or None where the costs do not cover the layout's pipeline degree (the
+    second number also holds fetching the step's batches). A pass
+    of n samples costs ``pass_s + n sample_s / tp`` (tensor parallel splits the
+    arithmetic, not the operators' count), recomputation adding its share of the
+    forward (a third of the pass)."""
+    costs = compute.costs
+    if costs is None or layout.mesh.pp not in costs.stages:
+        return None
+    m = max(layout.microbatches, 1)
+    n = layout.micro_batch / m  # samples per pipeline micro-batch (pp 1: per pass)
+    grow = 1 + recompute_share(layout, sizes) / 3
+    times = [(a + b * n / layout.mesh.tp) * grow for a, b in costs.stages[layout.mesh.pp]]
+    slowest = max(times)
+    passes = layout.accumulation * m * slowest
+    held = (sizes.param_bytes if sizes is not None else costs.param_bytes) \
+        / (layout.mesh.tp * layout.mesh.dp_shard)
+    optimizer = costs.optimizer_s * min(held / costs.param_bytes, 1.0) \
+        if costs.param_bytes else costs.optimizer_s
+    fetch = layout.accumulation * (costs.data[0] + costs.data[1] * layout.micro_batch)
+    return passes, optimizer + fetch, slowest / sum(times) if sum(times) else 1.0
+
+
 def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Compute,
                     local_ranks: int | None = None, sizes: Sizes | None = None) -> float:
     """One rank's compute per optimizer step, before the bubble: the slowest pipeline
-    stage's share (``sizes.stage_shares``; equal: 1/pp), recomputation included."""
+    stage's share (``sizes.stage_shares``; equal: 1/pp), recomputation included; on a
+    CPU with measured costs, the slowest stage's measured passes and the optimizer."""
+    measured = measured_parts(layout, compute, sizes) if compute.cpu else None
+    if measured is not None:
+        ranks = local_ranks or layout.mesh.world_size
+        threads = threads_per_rank(compute.cores, ranks)
+        speed = threads * (compute.thread_efficiency if threads > 1 else 1.0)
+        return (measured[0] / speed + measured[1]) * core_share(compute.cores, ranks, threads)
     samples = layout.micro_batch * layout.accumulation  # per replica per step
     shares = sizes.stage_shares if sizes is not None and layout.mesh.pp > 1 else ()
     share = max(shares) if shares else 1 / layout.mesh.pp
@@ -291,15 +343,19 @@ def _comm(layout: StepLayout, sizes: Sizes, network: Network,
     local = sizes.param_bytes / mesh.tp  # what FSDP and DDP see of a rank's stages (fp32)
     gathered = local * DTYPE_BYTES[layout.param_dtype] / 4
     reduced = local * DTYPE_BYTES[layout.reduce_dtype] / 4
+    units = max(sizes.units, 1)  # FSDP2 gathers and reduces unit by unit
     if mesh.dp_shard > 1:
         ln, p = link("dp_shard"), mesh.dp_shard
-        gather = ln.seconds("all_gather", gathered, p)
+        gather = ln.seconds("all_gather", gathered, p, units)
         out["dp_shard"] = (steps * gather, steps * gather * layout.reshard_after_forward,
-                           ln.seconds("reduce_scatter", reduced, p))
+                           ln.seconds("reduce_scatter", reduced, p, units))
     if mesh.dp_replicate > 1:
-        nbytes = (reduced if mesh.dp_shard > 1 or mesh.tp > 1 or mesh.pp > 1 else local)
+        fsdp2 = mesh.dp_shard > 1 or mesh.tp > 1 or mesh.pp > 1
+        nbytes = reduced if fsdp2 else local
+        # DDP: one call per 25 MiB bucket; FSDP2 (HSDP): one per unit
+        calls = units if fsdp2 else max(1, -(-int(local) // DDP_BUCKET_BYTES))
         out["dp_replicate"] = (link("dp_replicate").seconds(
-            "all_reduce", nbytes / mesh.dp_shard, mesh.dp_replicate),)
+            "all_reduce", nbytes / mesh.dp_shard, mesh.dp_replicate, calls),)
     if mesh.tp > 1 and sizes.rowwise_bytes:
         # per forward pass of m samples one all-reduce per row-parallel layer (its output)
         # and one in the backward (full checkpointing: the forward's again)
@@ -381,9 +437,17 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
     hide (on a CPU: all of it)."""
     busy = compute_seconds(layout, flops_per_sample, compute, local_ranks, sizes)
     shares = sizes.stage_shares if layout.mesh.pp > 1 else ()
+    largest = max(shares) if shares else None
+    measured = measured_parts(layout, compute, sizes) if compute.cpu else None
+    stretched = busy
+    if measured is not None:  # the measured stage times set the fill and drain; the
+        # optimizer runs once, after the schedule
+        largest = measured[2] if layout.mesh.pp > 1 else None
+        stretched = busy * measured[0] / (measured[0] + measured[1]) \
+            if measured[0] + measured[1] else busy
     b = bubble(layout.mesh.pp, layout.microbatches, layout.schedule, layout.stages_per_rank,
-               max(shares) if shares else None)
+               largest)
     comm = comm_seconds(layout, sizes, network, crosses)
     exposed = exposed_seconds(layout, sizes, network, busy, crosses, overlap=not compute.cpu)
-    total = busy / (1 - b) + sum(exposed.values())
+    total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values())
     return StepTime(busy, comm, b, total, exposed)

@@ -1,0 +1,131 @@
+"""CPU sites predict a step time (issue 51, item 2): the step-time model on a CPU's
+measured costs (ddl.planning.step_time_model.CpuCosts) and this machine's gloo links, the
+per-machine cache those links live in (ddl.planning.cpu_calibration), and `ddl plan`'s
+ranking following the links it is given. Speeds are not asserted here: the measured
+step times are in docs/plan.md ("CPU sites")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import PLANTED_LINKS, plant_cpu_links, run_ddl
+from ddl.contract.layout import ParallelLayout
+from ddl.planning import cpu_calibration
+from ddl.planning import step_time_model as stm
+
+pytestmark = pytest.mark.unit
+
+DDP = ParallelLayout(dp_replicate=2)
+FSDP = ParallelLayout(dp_shard=2)
+PP = ParallelLayout(pp=2)
+
+
+def cpu(stages, optimizer_s=1e-3, cores=2) -> stm.Compute:
+    return stm.Compute(5e10, 1.0, cpu=True, cores=cores,
+                       costs=stm.CpuCosts(stages, optimizer_s, 4e4))
+
+
+def link(bandwidth=1e9, **latency) -> stm.Network:
+    per_op = {op: (latency.get(op, 1e-4), bandwidth) for op in stm.OPS}
+    return stm.Network(stm.Link(1e-4, bandwidth, per_op))
+
+
+FREE = link(float("inf"), p2p=0.0, all_reduce=0.0)  # links that cost nothing
+
+
+def step(layout, compute, network, micro=32, microbatches=1, units=3) -> float:
+    lay = stm.StepLayout(layout, micro_batch=micro, microbatches=microbatches)
+    sizes = stm.Sizes(4e4 / layout.pp, boundary_bytes=4e3, units=units)
+    return stm.step_time(lay, 0.0, compute, sizes, network, local_ranks=2).total_s
+
+
+def test_a_planted_slow_gather_reorders_ddp_and_fsdp():
+    costs = cpu({1: ((2e-3, 1e-4),), 2: ((1e-3, 5e-5), (1e-3, 5e-5))})
+    even = link()
+    assert step(DDP, costs, even) < step(FSDP, costs, even)  # 9 FSDP calls against one
+    slow_reduce = link(all_reduce=5e-2, all_gather=1e-6, reduce_scatter=1e-6)
+    assert step(FSDP, costs, slow_reduce) < step(DDP, costs, slow_reduce)
+
+
+def test_every_fsdp_unit_pays_its_own_latency():
+    """3 units, 2 ranks, nothing to move but the calls: forward and backward gathers and
+    the reduce-scatter, one call per unit each; CPU ranks overlap none of it."""
+    alpha = 2e-3
+    network = stm.Network(stm.Link(0.0, float("inf"), {
+        "all_gather": (alpha, float("inf")), "reduce_scatter": (alpha, float("inf"))}))
+    lay = stm.StepLayout(FSDP, micro_batch=8)
+    one = stm.step_time(lay, 0.0, cpu({1: ((0.0, 0.0),)}, 0.0), stm.Sizes(1.0, units=1),
+                        network, local_ranks=2).total_s
+    three = stm.step_time(lay, 0.0, cpu({1: ((0.0, 0.0),)}, 0.0), stm.Sizes(1.0, units=3),
+                          network, local_ranks=2).total_s
+    assert one == pytest.approx(3 * alpha)
+    assert three == pytest.approx(9 * alpha)
+
+
+def test_per_pass_cost_makes_a_pipeline_lose_and_arithmetic_makes_it_win():
+    """The ViT of issue 51: a small model's step is its operators' fixed cost per pass,
+    which a pipeline pays once per micro-batch (4 here) and its bubble stretches; a model
+    whose cost grows with the samples gains from the halved stages instead (links free)."""
+    free = FREE
+    overhead = cpu({1: ((4e-3, 1e-5),), 2: ((2e-3, 5e-6), (2e-3, 5e-6))})
+    assert step(PP, overhead, free, micro=64, microbatches=4) > \
+        1.5 * step(DDP, overhead, free)
+    arithmetic = cpu({1: ((0.0, 1e-3),), 2: ((0.0, 5e-4), (0.0, 5e-4))}, optimizer_s=0.0,
+                     cores=4)
+    # 4 cores: DDP's 2 ranks get 2 threads each; 2 pipeline ranks likewise
+    assert step(PP, arithmetic, free, micro=64, microbatches=4) == pytest.approx(
+        step(DDP, arithmetic, free) / (1 - stm.bubble(2, 4)), rel=1e-6)
+
+
+def test_a_head_only_last_stage_sets_the_bubble_from_the_measured_times():
+    """Stages of 90 % and 10 % of the time: the slow stage sets the pace, as measured."""
+    lopsided = cpu({2: ((9e-3, 0.0), (1e-3, 0.0))}, optimizer_s=0.0)
+    even = cpu({2: ((5e-3, 0.0), (5e-3, 0.0))}, optimizer_s=0.0)
+    free = FREE
+    slow, balanced = (step(PP, c, free, micro=64, microbatches=4) for c in (lopsided, even))
+    # (m-1) x slowest + one pass through every stage: 3 x 9 + 10 = 37 ms against 3 x 5 + 10
+    assert slow == pytest.approx(37e-3) and balanced == pytest.approx(25e-3)
+
+
+def test_cache_is_per_machine_and_expires(tmp_path, monkeypatch):
+    monkeypatch.setenv("DDL_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def measure(n):
+        calls.append(n)
+        return {"fits": {"all_reduce": {"latency_s": 1e-3, "bytes_per_s": 1e9}},
+                "seconds": {}}
+
+    first, fresh = cpu_calibration.links(2, measure)
+    again, fresh_again = cpu_calibration.links(2, measure)
+    assert (fresh, fresh_again, calls) == (True, False, [2]) and first == again
+    cpu_calibration.links(4, measure)  # another process count is another entry
+    assert calls == [2, 4]
+    stored = json.loads((tmp_path / cpu_calibration.CACHE_FILE).read_text())
+    assert list(stored) == [cpu_calibration.machine_key()]
+    later = stored[cpu_calibration.machine_key()]["links-2"]["measured_at"] \
+        + cpu_calibration.MAX_AGE_S + 1
+    assert cpu_calibration.cached("links-2", now=later) is None
+    # another machine's entry is not this one's
+    monkeypatch.setattr(cpu_calibration, "machine_key", lambda: "elsewhere|cpu|2|torch")
+    assert cpu_calibration.cached("links-2") is None
+
+
+def test_local_plan_ranks_by_step_time_and_follows_the_links(synthetic_mnist, tmp_path):
+    """One planted slow collective moves `ddl plan --site local`'s ranking: with the
+    usual links DDP leads (tests/unit/test_plan_cpu_site.py, 4 processes); with gloo's
+    all-reduce planted 100x slower and FSDP's collectives nearly free, an FSDP layout does.
+    (The workload's own costs are measured here: the links alone decide the order.)"""
+    slow = {**PLANTED_LINKS, "all_reduce": {"latency_s": 7e-2, "bytes_per_s": 1.5e7},
+            "all_gather": {"latency_s": 1e-6, "bytes_per_s": 1e12},
+            "reduce_scatter": {"latency_s": 1e-6, "bytes_per_s": 1e12}}
+    folder = plant_cpu_links(tmp_path / "slow", slow, nprocs=[2])
+    proc = run_ddl("plan", "--plugin", "mnist", "--preset", "tiny", "--site", "local",
+                   "--nproc", "2", "--data-dir", str(synthetic_mnist), "--format", "json",
+                   cwd=tmp_path, env={"DDL_CACHE_DIR": str(folder)})
+    assert proc.returncode == 0, proc.stderr
+    moved = json.loads(proc.stdout)
+    assert moved["ranked_by"] == "predicted step time"
+    assert moved["fits"][0]["mesh"]["dp_shard"] == 2, moved["fits"][0]
