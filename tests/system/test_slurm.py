@@ -329,7 +329,7 @@ def test_hand_written_srun_of_the_image_gets_the_lumi_environment(slurm, runtime
     Singularity are not here: --device cpu, Apptainer."""
     from ddl.launch import site_env
     from ddl.settings.sites import get_site
-    from ddl.worker.process.cpu_binding import online_cpus
+    from ddl.settings.cores import online_cpus
 
     lumi = get_site("lumi")
     env = {**slurm.env, "PATH": f"{APPTAINER_DIR / 'bin'}:{slurm.env['PATH']}",
@@ -360,8 +360,8 @@ def test_hand_written_srun_of_the_image_gets_the_lumi_environment(slurm, runtime
     if gcd0 <= online_cpus():  # a node as large as LUMI's
         assert results["threads"]["source"] == "the 7 cores bound to this rank", results
     else:
-        assert ("ddl: note: rank 0: site lumi-g binds local rank 0 to CPUs 49-55, but this "
-                "node has CPUs") in proc.stderr, proc.stderr
+        assert ("ddl: note: site lumi-g binds local rank 0 to CPUs 49-55, but this node has "
+                "CPUs") in proc.stderr, proc.stderr
         assert "bound to this rank" not in results["threads"]["source"], results["threads"]
 
 

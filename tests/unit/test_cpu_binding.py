@@ -1,9 +1,10 @@
-"""A rank started by a hand-written srun (no `--cpu-bind`) binds itself to the CPUs the
-site's srun mask list gives its local rank (ddl.worker.process.cpu_binding, issue 42): only under
-Slurm, not when srun was told `--cpu-bind=none`, and not when the masks name CPUs the node
-lacks (one line, left unbound). The binding itself is a real sched_setaffinity, in a
-child process; the CPUs a LUMI node has (64) are not here, so that case is given as a
-set of online CPUs."""
+"""Which cores a rank gets is decided once, in the pre-flight (ddl.settings.cores, the run
+plan's ``cores``), and the worker only applies it (ddl.worker.process.cpu_binding). A rank
+started by a hand-written srun (no `--cpu-bind`) is planned onto the CPUs the site's srun
+mask list gives its local rank (issue 42): only under Slurm, not when srun was told
+`--cpu-bind=none`, and not when the masks name CPUs the node lacks (one line, left
+unbound). The binding itself is a real sched_setaffinity, in a child process; the CPUs a
+LUMI node has (64) are not here, so that case is given as a set of online CPUs."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import textwrap
 
 import pytest
 
+from ddl.settings.cores import online_cpus, parse_list, plan_cores, ranges
 from ddl.settings.sites import CpuBinding, get_site
-from ddl.worker.process.cpu_binding import online_cpus, parse_list, ranges, srun_task_cpus
 
 pytestmark = pytest.mark.unit
 
@@ -25,26 +26,36 @@ JOB = {"SLURM_JOB_ID": "42", "SLURM_LOCALID": "0", "RANK": "3"}
 LUMI_NODE = set(range(64))
 
 
+def _srun(site, local_rank, env, online):
+    """(the CPUs the plan binds an srun task of ``local_rank`` to, its note)."""
+    rank = plan_cores(site, "srun", local_rank + 1, env, online=online, held=online)[-1]
+    return (set(rank.cpus) if rank.cpus else None), rank.note
+
+
 @pytest.mark.parametrize("local_rank", range(10))
 def test_each_local_rank_gets_its_gcds_mask(local_rank):
     """The masks srun would apply, local rank by local rank: the cores nearest each GCD,
     the same as the profile's worker_cores (ranks beyond the list reuse it, as srun)."""
-    cpus, note = srun_task_cpus(LUMI, local_rank, JOB, LUMI_NODE)
+    cpus, note = _srun(LUMI, local_rank, JOB, LUMI_NODE)
     assert note is None
     assert sorted(cpus) == LUMI.cpu_binding.worker_cores[local_rank % 8]
 
 
-def test_gcd_4_is_cores_1_to_7():
-    assert ranges(srun_task_cpus(LUMI, 4, JOB, LUMI_NODE)[0]) == "1-7"
+def test_gcd_4_is_cores_1_to_7_and_its_seven_threads():
+    (rank,) = plan_cores(LUMI, "srun", 1, {**JOB, "SLURM_LOCALID": "4"}, online=LUMI_NODE,
+                         held=LUMI_NODE)[4:]
+    assert ranges(rank.cpus) == "1-7"
+    assert (rank.threads.per_rank, rank.threads.source) == (7, "the 7 cores bound to this rank")
+    assert rank.unbound.source == "64 usable cores / 1 local ranks"
 
 
 def test_a_node_without_those_cpus_is_left_unbound_with_one_line():
-    cpus, note = srun_task_cpus(LUMI, 0, JOB, {0, 1})
+    cpus, note = _srun(LUMI, 0, JOB, {0, 1})
     assert cpus is None
-    assert note == ("ddl: note: rank 3: site lumi-g binds local rank 0 to CPUs 49-55, but "
-                    "this node has CPUs 0-1; left unbound")
+    assert note == ("ddl: note: site lumi-g binds local rank 0 to CPUs 49-55, but this node "
+                    "has CPUs 0-1; left unbound")
     # all of the mask's CPUs, not some: CPUs 1-7 on a node with 0-3 is no binding either
-    assert srun_task_cpus(LUMI, 4, JOB, set(range(4)))[0] is None
+    assert _srun(LUMI, 4, JOB, set(range(4)))[0] is None
 
 
 @pytest.mark.parametrize("env", [
@@ -52,12 +63,12 @@ def test_a_node_without_those_cpus_is_left_unbound_with_one_line():
     {**JOB, "SLURM_CPU_BIND_TYPE": "none"},  # srun --cpu-bind=none: the user's choice
 ])
 def test_no_binding_outside_a_job_or_when_srun_was_told_none(env):
-    assert srun_task_cpus(LUMI, 0, env, LUMI_NODE) == (None, None)
+    assert _srun(LUMI, 0, env, LUMI_NODE) == (None, None)
 
 
 def test_sites_without_a_cpu_list_bind_nothing():
-    jsc = get_site("juwels-booster")  # srun = "none": binding is torchrun_jsc's business
-    assert srun_task_cpus(jsc, 0, JOB, LUMI_NODE) == (None, None)
+    jsc = get_site("juwels-booster")
+    assert _srun(jsc, 0, JOB, LUMI_NODE) == (None, None)
     assert CpuBinding(srun="cores").srun_cpus(0) is None
 
 
@@ -76,36 +87,27 @@ def test_cpu_lists():
     assert online_cpus() >= os.sched_getaffinity(0)
 
 
-def _bind_in_child(srun: str, env: dict[str, str]) -> dict:
-    """bind_srun_task in a fresh process with `srun` as the site's list; its affinity after."""
+def test_the_rank_really_binds_itself_and_survives_a_refusal():
+    """The worker applies its plan entry: a CPU the node lacks is refused by the system
+    (one line, left unbound), a CPU this process may use binds it there only (the
+    kernel's affinity, read back). One child process, no torch."""
+    allowed = sorted(os.sched_getaffinity(0))
+    absent = max(online_cpus()) + 1
     code = textwrap.dedent(f"""
-        import json, os, sys
-        from ddl.settings.sites import CpuBinding, get_site
-        from ddl.worker.process.cpu_binding import bind_srun_task
-        site = get_site("lumi-g").model_copy(
-            update={{"cpu_binding": CpuBinding(srun={srun!r})}})
-        bound = bind_srun_task(site, 0, {env!r})
-        print(json.dumps({{"bound": bound, "cpus": sorted(os.sched_getaffinity(0))}}))
+        import json, os
+        from ddl.settings.cores import RankCores, Threads
+        from ddl.worker.process.cpu_binding import bind
+        one = Threads(per_rank=1, source="test")
+        seen = []
+        for cpus in ([{absent}], [{allowed[-1]}]):
+            bound = bind(RankCores(cpus=cpus, threads=one, unbound=one), 0)
+            seen.append([bound, sorted(os.sched_getaffinity(0))])
+        print(json.dumps(seen))
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return {**json.loads(proc.stdout), "stderr": proc.stderr}
-
-
-def test_the_rank_really_binds_itself():
-    """A mask naming a CPU this process may use: after bind_srun_task the process runs
-    there only (the kernel's affinity, read back)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    target = allowed[-1]
-    done = _bind_in_child(f"mask_cpu:{1 << target:x},0x1", JOB)
-    assert done == {"bound": True, "cpus": [target], "stderr": ""}
-    # srun --cpu-bind=none: left as it was
-    left = _bind_in_child(f"mask_cpu:{1 << target:x}", {**JOB, "SLURM_CPU_BIND_TYPE": "none"})
-    assert left == {"bound": False, "cpus": allowed, "stderr": ""}
-    # a CPU the node does not have: one line, left as it was
-    absent = max(online_cpus()) + 1
-    missing = _bind_in_child(f"mask_cpu:{1 << absent:x}", JOB)
-    assert missing["bound"] is False and missing["cpus"] == allowed
-    assert missing["stderr"].count("\n") == 1
-    assert f"local rank 0 to CPUs {absent}, but this node has CPUs" in missing["stderr"]
+    assert json.loads(proc.stdout) == [[False, allowed], [True, [allowed[-1]]]]
+    assert proc.stderr.count("\n") == 1
+    assert f"local rank 0: cannot bind to CPUs {absent} (" in proc.stderr
+    assert "left unbound" in proc.stderr

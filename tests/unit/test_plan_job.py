@@ -66,9 +66,9 @@ def test_in_a_job_each_layout_is_an_srun_step_over_its_nodes(monkeypatch, tmp_pa
     assert command[:3] == ["srun", "--nodes=2", "--ntasks-per-node=4"], command
     assert command[command.index("-m") - 1] == sys.executable
     assert " --launcher srun --nproc 4 " in text and " --mesh dp_shard=8 " in text
-    from ddl.launch.site_env import srun_binding
+    from ddl.settings.cores import srun_cpu_bind
 
-    assert f"--cpu-bind={srun_binding(site, 4)}" in command  # as `ddl submit`'s srun binds
+    assert f"--cpu-bind={srun_cpu_bind(site, 4)}" in command  # as `ddl submit`'s srun binds
     # a job of another node count would run other layouts: refused
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     with pytest.raises(Exception, match="this Slurm job has 1 node"):

@@ -40,18 +40,18 @@ def test_a_thread_count_that_is_no_number_is_refused_before_any_run(tmp_path):
 
 def test_every_point_gets_the_same_threads_per_rank():
     from ddl.commands.scaling import study_threads
-    from ddl.worker.process import threads
+    from ddl.settings import cores
 
     fixed, record = study_threads([1, 2], env={})
-    assert fixed["OMP_NUM_THREADS"] == fixed[threads.GIVEN] == "1"
+    assert fixed["OMP_NUM_THREADS"] == fixed[cores.GIVEN] == "1"
     assert record["per_rank"] == 1
     # what a worker then decides, whatever its local ranks and cores
     for ranks in (1, 2):
-        chosen = threads.decide(launcher="local", local_ranks=ranks, bound=False,
-                                affinity=2, env=fixed)
+        chosen = cores.decide_threads(launcher="local", local_ranks=ranks, bound=False,
+                                      affinity=2, env=fixed)
         assert chosen.per_rank == 1 and "ddl scale" in chosen.source
     fixed, record = study_threads([1, 2], env={"OMP_NUM_THREADS": "2"})
-    assert fixed["OMP_NUM_THREADS"] == "2" and threads.SET_BY not in fixed
+    assert fixed["OMP_NUM_THREADS"] == "2" and cores.SET_BY not in fixed
     assert record["per_rank"] == 2 and "set by the user" in record["source"]
 
 

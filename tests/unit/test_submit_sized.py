@@ -116,26 +116,25 @@ def test_part_of_a_standard_g_node_is_bound_and_told_it_pays_for_the_node(capsys
                    "all 8, or a partition that shares nodes (small-g)"]
 
 
-def test_workers_under_torchrun_on_part_of_a_node_stay_unbound(monkeypatch, capsys):
+def test_workers_under_torchrun_on_part_of_a_node_stay_unbound():
     """Under a per-node launcher the workers bind themselves to the site's per-GCD cores
-    (worker_cores); a job holding other cores (small-g) leaves them unbound, one note."""
-    import os
-
+    (worker_cores, planned by ddl.settings.cores); a job holding other cores (small-g)
+    leaves them unbound, one note (rank 0's)."""
+    from ddl.contract.errors import UsageError
+    from ddl.settings.cores import plan_cores
     from ddl.settings.sites import get_site
-    from ddl.worker.process.entry import bind_worker_cpus
 
-    calls = []
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8, 22)))
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: calls.append(cpus))
-    site = get_site("lumi-g")
-    assert bind_worker_cpus(site, 0, True) is False
-    assert bind_worker_cpus(site, 1, True) is False
-    assert calls == []
-    err = capsys.readouterr().err.splitlines()
-    assert err == ["ddl: note: site lumi-g's per-GPU cores are for a whole node; this job "
-                   "holds CPUs 8-21: workers left unbound"]
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))  # whole node
-    assert bind_worker_cpus(site, 4, True) is True and calls == [[1, 2, 3, 4, 5, 6, 7]]
+    site, node = get_site("lumi-g"), set(range(64))
+    part = plan_cores(site, "torchrun", 8, {}, online=node, held=set(range(8, 22)))
+    assert [rank.cpus for rank in part] == [None] * 8
+    assert [rank.note for rank in part] == [
+        "ddl: note: site lumi-g's per-GPU cores are for a whole node; this job holds CPUs "
+        "8-21: workers left unbound"] + [None] * 7
+    whole = plan_cores(site, "torchrun", 8, {}, online=node, held=node)
+    assert whole[4].cpus == [1, 2, 3, 4, 5, 6, 7] and whole[4].threads.per_rank == 7
+    with pytest.raises(UsageError, match="lists CPU cores .* for 8 devices, but this node "
+                                         "runs 9 ranks"):
+        plan_cores(site, "torchrun", 9, {}, online=node, held=node)
 
 
 # --- 3. tp against the model's heads -----------------------------------------------------

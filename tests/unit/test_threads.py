@@ -1,8 +1,9 @@
-"""The thread policy (ddl.worker.process.threads): one rule for every launcher."""
+"""The thread policy (ddl.settings.cores.decide_threads): one rule for every launcher."""
 
 import pytest
 
-from ddl.worker.process.threads import GIVEN, capture_user_setting, decide
+from ddl.settings.cores import GIVEN, capture_user_setting
+from ddl.settings.cores import decide_threads as decide
 
 pytestmark = pytest.mark.unit
 

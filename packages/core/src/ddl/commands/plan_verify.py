@@ -194,11 +194,11 @@ def order_line(verified: dict[str, Any]) -> str:
 def srun_prefix(site, report: dict[str, Any]) -> list[str]:
     """The srun that starts one layout's ranks over the job's nodes, one task per process,
     bound as ``ddl submit``'s jobs bind them."""
-    from ddl.launch.site_env import srun_binding
+    from ddl.settings.cores import srun_cpu_bind
 
     per_node = report["world"] // report["nodes"]
     return ["srun", f"--nodes={report['nodes']}", f"--ntasks-per-node={per_node}",
-            f"--cpu-bind={srun_binding(site, per_node)}", "--kill-on-bad-exit=1"]
+            f"--cpu-bind={srun_cpu_bind(site, per_node)}", "--kill-on-bad-exit=1"]
 
 
 def train_command(row: dict[str, Any], report: dict[str, Any], device_kind: str,

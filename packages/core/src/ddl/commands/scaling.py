@@ -14,7 +14,7 @@ flag, weak uses the preset's batch per replica and strong uses the preset's batc
 the smallest point's replicas, so the smallest point trains exactly the preset's batch.
 
 Threads per rank are the same at every local point: the user's ``OMP_NUM_THREADS``, else 1.
-ddl's usual rule (usable cores / local ranks, ddl.worker.process.threads) would give a 1-process
+ddl's usual rule (usable cores / local ranks, ddl.settings.cores) would give a 1-process
 point all the cores, so its speedup would compare threads as well as processes; and a
 rank of 2 threads collapses when other work takes one core (every operation waits for its
 slower thread). On this 2-core machine with other work running, ``--nprocs 1,2`` under
@@ -35,7 +35,7 @@ from typing import Any
 from ddl.commands.flags import train_arguments
 from ddl.commands.run_results import parse_peak
 from ddl.contract.errors import DdlError, UsageError
-from ddl.worker.process import threads
+from ddl.settings import cores
 
 DEFAULT_ROUNDS = 3  # the median of 3 survives one round slowed by other work
 
@@ -78,11 +78,11 @@ def study_threads(points: list[int],
         raise UsageError(f"OMP_NUM_THREADS: {given!r} is not a positive number of threads; "
                          "set one (every point then runs it per rank) or unset it (1 per rank)")
     per_rank = int(given) if given else 1
-    fixed = {"OMP_NUM_THREADS": str(per_rank), threads.GIVEN: str(per_rank)}
+    fixed = {"OMP_NUM_THREADS": str(per_rank), cores.GIVEN: str(per_rank)}
     if given:
         source = f"OMP_NUM_THREADS={per_rank} (set by the user), at every point"
     else:
-        fixed[threads.SET_BY] = "ddl scale, the same at every point"
+        fixed[cores.SET_BY] = "ddl scale, the same at every point"
         source = "1 per rank at every point (ddl scale's default; OMP_NUM_THREADS sets another)"
     record = {"per_rank": per_rank, "source": source}
     usable = len(os.sched_getaffinity(0))

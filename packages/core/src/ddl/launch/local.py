@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ddl.contract.errors import DdlError
 from ddl.launch import fork_server
-from ddl.worker.process import crash, socket_folder, threads
+from ddl.settings import cores
+from ddl.worker.process import crash, socket_folder
 from ddl.worker.train.control import STOP_FILE, STOP_SIGNAL_FILE
 from ddl.worker.process.entry import LAUNCHER_PID, WORKER_NAME, forked
 
@@ -155,7 +156,7 @@ def one_thread_per_rank() -> None:
     """Several ranks on few cores: more than one thread per rank makes them all slower
     (measured: 5-10x on 2 cores); torchrun does the same. Set before this process imports
     torch, so that its pre-flight starts no OpenMP threads and it may be forked."""
-    threads.capture_user_setting()  # the worker tells the user's value from ours
+    cores.capture_user_setting()  # the worker tells the user's value from ours
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 

@@ -1,4 +1,4 @@
-"""The site profile's environment (``[env]``) and CPU binding, for the GPUs a job has.
+"""The site profile's environment (``[env]``), for the GPUs a job has.
 
 Two places use it: ``ddl submit`` writes the variables into the batch script, and ``ddl
 train`` sets them itself inside a job (:func:`in_job`), so that a run started by a
@@ -6,12 +6,9 @@ hand-written ``srun ... ddl train --site lumi`` (or ``srun singularity run IMG t
 gets the same NCCL/RCCL and MIOpen settings as a submitted one.
 
 The profile describes a whole node. A job that asks for fewer GPUs (``--gpus-per-node 2``)
-gets the first that many entries of the device lists and of the srun CPU masks: exporting
-all four of JSC's devices to a two-GPU job hands torch devices it may not use, and eight
-masks for two tasks bind cores of GPUs the job does not have. Masks are used at all only
-where the job has the whole node (``ddl submit`` passes ``--cpu-bind=none`` on part of a
-shared node, LUMI's small-g: the masks of GCDs 0..k-1 name cores Slurm may have given
-another job; ddl.launch.submit).
+gets the first that many entries of the device lists: exporting all four of JSC's devices
+to a two-GPU job hands torch devices it may not use. (The srun CPU masks are cut the same
+way, by ddl.settings.cores, where a rank's cores are decided.)
 """
 
 from __future__ import annotations
@@ -33,15 +30,6 @@ def variables(site: SiteProfile, gpus: int | None = None) -> dict[str, str]:
         if gpus and name in env and "," in env[name]:
             env[name] = ",".join(env[name].split(",")[:gpus])
     return env
-
-
-def srun_binding(site: SiteProfile, gpus: int | None = None) -> str:
-    """``--cpu-bind`` for one task per GPU: a mask list cut to ``gpus`` masks."""
-    bind = site.cpu_binding.srun
-    kind, _, masks = bind.partition(":")
-    if not (gpus and kind in ("mask_cpu", "map_cpu") and "," in masks):
-        return bind
-    return f"{kind}:{','.join(masks.split(',')[:gpus])}"
 
 
 def in_job(site: SiteProfile, env: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -26,7 +26,7 @@ from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import endpoint_from_env
 from ddl.settings.plan import in_slurm_step
 from ddl.settings.sites import SiteProfile
-from ddl.worker.process import threads
+from ddl.settings import cores
 
 
 def srun_worker_env(site: SiteProfile, env: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -84,7 +84,7 @@ def node_launcher_command(launcher: str, site: SiteProfile, nproc_per_node: int,
 def exec_node_launcher(command: list[str], extra_env: dict[str, str]) -> None:
     """Replace this process by the node's launcher (no Python process left in between)."""
     os.environ.update(extra_env)
-    threads.capture_user_setting()  # the worker tells the user's value from ours
+    cores.capture_user_setting()  # the worker tells the user's value from ours
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.stdout.flush()
     sys.stderr.flush()

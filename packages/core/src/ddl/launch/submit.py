@@ -38,7 +38,7 @@ from ddl.contract.errors import DdlError, UsageError
 from ddl.launch.rendezvous import shell_lines
 from ddl.launch.slurm_time import check_stop_margin, check_time, shown
 from ddl.launch.slurm_time import slurm_seconds  # noqa: F401 - where callers found it
-from ddl.settings import rundir
+from ddl.settings import cores, rundir
 from ddl.settings.sites import SiteProfile
 
 SAFE_SBATCH = re.compile(r"^[A-Za-z0-9._:/+@%=,-]+$")
@@ -235,8 +235,8 @@ def render(site: SiteProfile, req: SubmitRequest) -> str:
     # Under a per-node launcher srun would bind only the launcher, and all its workers with
     # it: the workers bind themselves instead (worker_cores). One failed rank (or node)
     # ends the step at once instead of leaving the others waiting out their timeouts.
-    cpu_bind = ("none" if per_node_launcher or not bind_masks
-                else site_env.srun_binding(site, gpus))
+    cpu_bind = cores.srun_cpu_bind(site, gpus, per_node_launcher=per_node_launcher,
+                                   whole_node=bind_masks)
     srun = ["srun", f"--ntasks-per-node={tasks}", f"--cpu-bind={cpu_bind}",
             "--kill-on-bad-exit=1"]
     if req.container is not None:  # "" = the site's default image

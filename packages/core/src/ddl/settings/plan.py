@@ -2,8 +2,9 @@
 
 :func:`make_plan` turns the merged configuration (:func:`ddl.settings.config.build`, which
 loads the site profile) into one :class:`RunPlan`: the site profile, how the workers start
-(the launcher), how many there are (per node, nodes, world size), the run directory and the
-DataLoader processes per rank. The launcher hands the plan to the workers - in
+(the launcher), how many there are (per node, nodes, world size), the run directory, the
+DataLoader processes per rank and each local rank's cores and threads
+(ddl.settings.cores). The launcher hands the plan to the workers - in
 ``RUN_DIR/plan.json`` for local runs, in the ``DDL_RUN_PLAN`` variable for per-node
 launchers whose workers start on several nodes at once - and they read it instead of
 deciding again.
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ddl.contract.errors import UsageError
 from ddl.settings import rundir
 from ddl.settings.config import Built, RunConfig
+from ddl.settings.cores import RankCores, held_cpus, plan_cores
 from ddl.settings.sites import SiteProfile
 
 Launcher = Literal["local", "worker", "srun", "torchrun", "torchrun_jsc"]
@@ -64,6 +66,7 @@ class RunPlan(BaseModel):
     nnodes: int
     world_size: int
     loader_workers: int  # DataLoader processes per rank
+    cores: list[RankCores]  # by local rank: the cores to bind to, threads to use
     data_dir_is_default: bool  # only then may synthetic data be generated into it
     # the pre-flight's results (None where no pre-flight ran: the workers decide then)
     resolved: Resolved | None = None
@@ -115,10 +118,7 @@ def _env_int(env: Mapping[str, str], names: tuple[str, ...], launcher: str) -> i
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity: a cgroup or ``taskset`` limit
     counts, the machine's total does not)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return len(held_cpus())
 
 
 def loader_workers(configured: int | None, launcher: str, nproc_per_node: int,
@@ -179,6 +179,7 @@ def make_plan(built: Built, env: Mapping[str, str] = os.environ,
     return RunPlan(config=config, site=site, site_note=built.site_note, launcher=launcher,
                    nproc_per_node=nproc, nnodes=nnodes, world_size=world_size,
                    loader_workers=loader_workers(config.workers, launcher, nproc, env),
+                   cores=plan_cores(site, launcher, nproc, env),
                    data_dir_is_default=built.data_dir_is_default, command=list(sys.argv))
 
 

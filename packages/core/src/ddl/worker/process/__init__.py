@@ -5,8 +5,8 @@
   join, bind, train, and turn a failure into one line.
 - ``distributed``: the process group (who am I, which device, which backend) and
   ``seed_all``; ``mesh``: the run's one DeviceMesh, built once from the layout.
-- ``threads``: how many CPU threads a rank computes with; ``cpu_binding``: the cores an
-  srun task binds itself to.
+- ``cpu_binding``: binds the rank to the cores the run plan gives it and sets its
+  ``threads`` (both decided in the pre-flight, ddl.settings.cores).
 - ``heartbeat``: a heartbeat per rank, so that a stopped rank is noticed.
 - ``crash``: a worker's exception told in one line; ``plugin_code``: where it passed
   through a plugin's own code.

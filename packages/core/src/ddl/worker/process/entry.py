@@ -21,9 +21,7 @@ from pathlib import Path
 from ddl.contract.errors import DdlError, UsageError
 from ddl.settings import plan as run_plan
 from ddl.settings import rundir
-from ddl.worker.process import cpu_binding, crash, heartbeat, socket_folder, threads
-
-PER_NODE_LAUNCHERS = ("torchrun", "torchrun_jsc")  # their workers bind their own CPUs
+from ddl.worker.process import cpu_binding, crash, heartbeat, socket_folder
 
 
 def _create_run_dir_on_rank0(plan, world) -> None:
@@ -63,11 +61,10 @@ def run(plan, *, create_run_dir: bool) -> None:
         plan = plan.model_copy(update={"config": config.model_copy(update={"resume": "auto"})})
     site = plan.site
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if plan.launcher == "srun":  # one task per rank: bound as `ddl submit`'s srun binds it
-        bound = cpu_binding.bind_srun_task(site, local_rank)
-    else:
-        bound = bind_worker_cpus(site, local_rank, plan.launcher in PER_NODE_LAUNCHERS)
-    threads.apply(plan.launcher, plan.nproc_per_node, bound)  # one thread policy
+    if local_rank >= len(plan.cores):
+        raise DdlError(f"the run plan has cores for {len(plan.cores)} local ranks; this is "
+                       f"local rank {local_rank}")
+    cpu_binding.apply(plan.cores[local_rank], local_rank)  # as the pre-flight decided
     world = init_world(plan.config.device, site.accelerator, site.backend,
                        rendezvous_timeout_s=plan.config.rendezvous_timeout)
     beat = None
@@ -176,29 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug in a plugin's code (or ddl's): say where, keep the rest
         return _report(crash.failed(exc, rank, plan))
     return 0
-
-
-def bind_worker_cpus(site, local_rank: int, launched_per_node: bool) -> bool:
-    """Under a per-node launcher srun bound only the launcher: pin this worker to the cores
-    next to its GPU (LUMI: GCD -> cores map). True if it pinned."""
-    cores = site.cpu_binding.worker_cores
-    if not (launched_per_node and cores):
-        return False
-    if local_rank >= len(cores):
-        raise DdlError(f"site {site.name} lists CPU cores for {len(cores)} devices, but this "
-                       f"is local rank {local_rank}")
-    # The lists map GPU i to the cores next to it on a node the job has whole. On part of
-    # a shared node (LUMI's small-g) the job holds other cores (srun --cpu-bind=none left
-    # the launcher all of them): binding there would fail or land off the job's cores.
-    held = os.sched_getaffinity(0)
-    if not set(cores[local_rank]) <= held:
-        if local_rank == 0:
-            print(f"ddl: note: site {site.name}'s per-GPU cores are for a whole node; this "
-                  f"job holds CPUs {cpu_binding.ranges(held)}: workers left unbound",
-                  file=sys.stderr, flush=True)
-        return False
-    os.sched_setaffinity(0, cores[local_rank])
-    return True
 
 
 #: Set by the local launcher for its workers: its pid, to notice it died before we tied to it.
