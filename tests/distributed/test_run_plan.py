@@ -1,10 +1,13 @@
-"""`ddl train` decides once: the site profile is loaded, the run directory named and the
-launcher chosen in one process, one time, and the workers read the plan instead.
+"""`ddl train` decides once: the site profile is loaded, the run directory named, the
+launcher chosen, and the preset, layout, batch split (by the one global-batch rule), lr,
+precision and each rank's cores and threads worked out in one process, one time; the
+workers read the plan instead, and each builds the run's one mesh once, from the plan's
+degrees (issue 40, item 1; issue 50, item 4).
 
 The count covers the whole process tree of a real 2-process run: a ``sitecustomize`` module
 on PYTHONPATH (imported by every Python process at start-up, the workers the elastic agent
-spawns included) wraps the three functions that make those decisions and appends one line
-per call, with the process id, to a log file. Nothing in ddl knows it is watched.
+spawns included) wraps the functions that make those decisions and appends one line per
+call, with the process id, to a log file. Nothing in ddl knows it is watched.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from conftest import run_ddl
 pytestmark = pytest.mark.distributed
 
 WATCHER = '''
-import functools, json, os
+import functools, importlib.abc, importlib.util, json, os, sys
 
+import ddl.contract.layout as layout
 import ddl.contract.strategy as strategy
 import ddl.settings.batch as batch
 import ddl.settings.config as config
+import ddl.settings.cores as cores
 import ddl.settings.plan as plan
 import ddl.settings.rundir as rundir
 import ddl.settings.sites as sites
@@ -48,18 +53,58 @@ def watch(module, name, describe):
     setattr(module, name, wrapper)
 
 
+class WatchOnImport(importlib.abc.MetaPathFinder):
+    """Wraps a module's function as soon as the module is imported: modules that import
+    torch are not imported here, which would cost every process of the test that import."""
+
+    def __init__(self, targets):
+        self.targets = targets  # module name -> [(function name, describe)]
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.targets:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            for name, describe in self.targets[fullname]:
+                watch(module, name, describe)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 watch(sites, "load_profile", lambda path: str(path))
 watch(rundir, "name", lambda plugin, strategy, tag: f"{plugin}-{strategy}")
 watch(plan, "choose_launcher", lambda requested, site, env=None: requested)
 # what the pre-flight works out and the workers read from the plan (issue 40, item 1)
 watch(config, "resolve_preset", lambda config, spec: spec.name)
 watch(batch, "resolve_batch", lambda config, batch, dp: f"dp {dp}")
+watch(batch, "global_batch", lambda given, per_replica, dp: f"dp {dp}")  # the one rule
 watch(config, "scaled_lr", lambda config, lr, glob, batch: f"global {glob}")
 watch(strategy.Strategy, "resolve_layout", lambda self, mesh, world: f"world {world}")
+# each rank's cores and threads (issue 50, item 4): the pre-flight's, never a worker's
+for where in (cores, plan):  # plan.py holds it by name
+    watch(where, "plan_cores", lambda site, launcher, nproc, env=None: launcher)
+watch(cores, "decide_threads", lambda: "threads")  # keyword arguments only
+# the mesh: built by each worker once, from the plan's degrees, by the one builder
+watch(layout.ParallelLayout, "device_mesh", lambda self, kind: self.describe())
+# precision: "auto" decided once (ddl.worker.train.precision imports torch)
+sys.meta_path.insert(0, WatchOnImport({"ddl.worker.train.precision": [
+    ("resolve", lambda requested, device: requested)]}))
 '''
 
 
-RESOLVED = {"resolve_preset": 1, "resolve_batch": 1, "scaled_lr": 1, "resolve_layout": 1}
+# decided once per `ddl train` (the pre-flight), read by its workers
+RESOLVED = {"resolve_preset": 1, "resolve_batch": 1, "scaled_lr": 1, "resolve_layout": 1,
+            "resolve": 1, "plan_cores": 1}
+# helpers of those decisions: called by the pre-flight only, however often
+PREFLIGHT_ONLY = {"global_batch", "decide_threads"}
 
 
 def _decisions(log: Path) -> list[tuple[int, str, str]]:
@@ -81,11 +126,21 @@ def test_each_decision_is_made_once_per_train(tmp_path, synthetic_mnist):
     assert (runs[0] / "plan.json").is_file()  # what the two workers read
 
     calls = _decisions(log)
-    by_kind = Counter(kind for _, kind, _ in calls)
-    assert by_kind == {"load_profile": 1, "name": 1, "choose_launcher": 1, **RESOLVED}, calls
-    assert calls[0][2].endswith("local.toml")
-    assert len({pid for pid, _, _ in calls}) == 1  # all in `ddl train`, none in a worker
-    assert json.loads((runs[0] / "results.json").read_text())["world"]["size"] == 2
+    preflight = calls[0][0]  # `ddl train`: it loads the profile first
+    assert calls[0][1] == "load_profile" and calls[0][2].endswith("local.toml")
+    by_kind = Counter(kind for pid, kind, _ in calls if kind not in PREFLIGHT_ONLY)
+    assert by_kind == {"load_profile": 1, "name": 1, "choose_launcher": 1, **RESOLVED,
+                       "device_mesh": 2}, calls
+    # every decision in `ddl train`, none in a worker
+    assert {pid for pid, kind, _ in calls if kind != "device_mesh"} == {preflight}, calls
+    # the mesh: once in each worker, from the plan's degrees, never in the pre-flight
+    built = Counter(pid for pid, kind, _ in calls if kind == "device_mesh")
+    assert len(built) == 2 and set(built.values()) == {1} and preflight not in built, calls
+    results = json.loads((runs[0] / "results.json").read_text())
+    assert results["world"]["size"] == 2
+    # rank 0 computed with the threads the plan gave local rank 0, as it was given them
+    planned = json.loads((runs[0] / "plan.json").read_text())["cores"]
+    assert len(planned) == 2 and results["threads"] == planned[0]["threads"], planned
 
 
 def test_auto_detection_reads_each_profile_once(monkeypatch):
@@ -141,6 +196,7 @@ def test_each_rank_started_by_a_launcher_decides_once(tmp_path, synthetic_mnist)
     for pid in pids:  # no decision made twice in one process: the worker read the plan
         mine = Counter(kind for p, kind, _ in calls if p == pid)
         assert {k: mine[k] for k in RESOLVED} == RESOLVED, calls
+        assert mine["device_mesh"] == 1, calls  # one mesh, built once
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["batch"] == {"per_replica": 16, "global": 32, "micro": 8,
                                 "accumulation_steps": 2}

@@ -41,8 +41,11 @@ class Precision:
     tf32: bool = False  # fp32 matrix products on tensor cores (CUDA; see allow_tf32)
 
     @classmethod
-    def create(cls, requested: str, device: torch.device, tf32: bool = True) -> Precision:
-        name = resolve(requested, device)
+    def create(cls, name: str, device: torch.device, tf32: bool = True) -> Precision:
+        """The precision ``name`` (fp32, bf16 or fp16) as :func:`resolve` decided it: in the
+        pre-flight, once (the run plan's ``resolved.precision``), never again here."""
+        if name not in ("fp32", *DTYPES):
+            raise ValueError(f"precision {name!r} is not decided; resolve() it first")
         scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
         return cls(name, device, scaler, allow_tf32(device, tf32))
 
