@@ -46,7 +46,7 @@ from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
 from ddl.planning.memory_model import OptimizerCost, ParamShape, model_state
 from ddl.planning.pipeline_schedule import pipeline_actions, rank_activation_bytes  # noqa: F401
-from ddl.planning import autocast_probe
+from ddl.planning import attention_probe, autocast_probe
 from ddl.worker.build import activation_checkpointing
 from ddl.worker.observe.activation_memory import SavedTensorMeter
 
@@ -210,7 +210,9 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     SyncBatchNorm (GPUs) keeps what plain BatchNorm keeps, so the probe leaves plain
     BatchNorm there (torch's refuses the meta device). ``precision`` bf16/fp16: the
     forward runs on fake ``device_type`` tensors under torch's autocast
-    (ddl.planning.autocast_probe)."""
+    (ddl.planning.autocast_probe). ``scaled_dot_product_attention`` runs the fused kernel
+    a ``device_type`` run would pick, not the meta device's math path
+    (ddl.planning.attention_probe)."""
     if sync_bn:
         from ddl.worker.build import sync_bn as sync
 
@@ -231,8 +233,9 @@ def activation_bytes(workload: Workload, model: nn.Module, inputs: Any, targets:
     units = workload.fsdp_units(model)
     if checkpointing != "none":
         activation_checkpointing.apply(units, checkpointing)
-    with autocast_probe.fake_device(model, (inputs, targets), precision,
-                                    "cpu" if device_type == "cpu" else "cuda") as batch:
+    kind = "cpu" if device_type == "cpu" else "cuda"
+    with autocast_probe.fake_device(model, (inputs, targets), precision, kind) as batch, \
+            attention_probe.fused_attention(kind):
         return _forward(workload, model, *batch, n_stages, rowwise,
                         count_flops=checkpointing == "none")
 
