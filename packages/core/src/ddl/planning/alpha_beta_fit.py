@@ -5,7 +5,7 @@ bytes on the wire (``ring_factors``)."""
 
 from __future__ import annotations
 
-from ddl.planning.step_time_model import ring_factors
+from ddl.planning.collective_cost import ring_factors
 
 
 def fit(points: list[tuple[str, int, float]], p: int) -> dict[str, float]:
