@@ -47,5 +47,31 @@ def compare(ddl: list[str], results_file: Path, *, site: str, data_dir: Path, en
     # the model state and activations: torch's allocator counts neither the CUDA context
     # nor the plan's fixed runtime reserve
     predicted = row["model_state_bytes"] + row["activation_bytes"]
-    return {"plan_predicted_bytes": predicted, "plan_measured_bytes": measured,
-            "plan_measured_over_predicted": measured / predicted if predicted else None}, None
+    out = {"plan_predicted_bytes": predicted, "plan_measured_bytes": measured,
+           "plan_measured_over_predicted": measured / predicted if predicted else None}
+    out.update(peak_comparison(row.get("peak") or {}, mem))
+    return out, None
+
+
+def peak_comparison(parts: dict, mem: dict) -> dict:
+    """Issue 51's predicted peak (ddl.planning.peak_model) against a GPU run: the plan's
+    tensors (state, activations or the optimizer's temporaries, the backward's transient,
+    communication buffers) against torch.cuda.max_memory_allocated; with the allocator's
+    assumed slack against max_memory_reserved. The runtime outside the allocator (the CUDA
+    context, NCCL; the plan's ``runtime_bytes``) is not in either counter: on the GPU the
+    kit's driver-side number (nvidia-smi / torch.cuda.mem_get_info) is the check for it.
+    Written without a GPU (none was lent while building it): reasoned, not yet run."""
+    allocated, reserved = (mem.get("device_peak_allocated_bytes"),
+                           mem.get("device_peak_reserved_bytes"))
+    if not parts or allocated is None:
+        return {}
+    tensors = parts["tensors_bytes"]
+    with_slack = tensors + parts["slack_bytes"]
+    return {"peak_predicted_allocated_bytes": tensors,
+            "peak_measured_allocated_bytes": allocated,
+            "peak_allocated_measured_over_predicted": allocated / tensors if tensors else None,
+            "peak_predicted_reserved_bytes": with_slack,
+            "peak_measured_reserved_bytes": reserved,
+            "peak_reserved_measured_over_predicted": (reserved / with_slack
+                                                      if reserved and with_slack else None),
+            "peak_predicted_runtime_bytes": parts["runtime_bytes"]}

@@ -74,13 +74,18 @@ def test_measured_reads_results_json_fields():
     got = plan_verify.measured(results)
     assert got == {"mesh": results["world"]["parallel"], "rank": 0, "model_state_bytes": 10,
                    "activation_bytes": 7, "peak_bytes": 3,
-                   "peak_source": "device_peak_allocated_bytes", "step_s": pytest.approx(0.2)}
+                   "peak_source": "device_peak_allocated_bytes", "step_s": pytest.approx(0.2),
+                   "baseline_bytes": None, "peak_above_baseline_bytes": None,
+                   "peak_reserved_bytes": None}
     results["memory_per_rank"][0]["saved_for_backward_bytes"] = None  # no meter reading
     got = plan_verify.measured(results)  # rank 1 (12 + 2) is the fullest now
     assert (got["rank"], got["model_state_bytes"], got["activation_bytes"]) == (1, 12, 2)
     for rank in results["memory_per_rank"]:  # a CPU run: no allocator peak
         del rank["device_peak_allocated_bytes"]
-    assert plan_verify.measured(results)["peak_source"] == "peak_rss_bytes"
+        rank["baseline_rss_bytes"] = 1
+    got = plan_verify.measured(results)  # the peak above the process's own baseline
+    assert (got["peak_source"], got["peak_bytes"], got["baseline_bytes"],
+            got["peak_above_baseline_bytes"]) == ("peak_rss_bytes", 9, 1, 8)
 
 
 def _fit(pp=1, replicate=1, shard=1, ckpt="none", micro=32):

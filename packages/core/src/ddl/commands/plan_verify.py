@@ -11,10 +11,12 @@ deleted afterwards. The numbers come from its results.json, as every run records
   (ddl.worker.observe.activation_memory: the high-water mark of what the rank holds for backward,
   a pipeline's micro-batches in flight included); xsum trims each batch to its longest
   sequence where the plan predicts the untrimmed batch, a bound (ddl.planning.plan_probe);
-- peak: on a GPU torch's peak allocation (``device_peak_allocated_bytes``; the plan's
-  memory/rank adds the runtime reserve, which the allocator does not see); on a CPU the
-  process's peak resident set (``peak_rss_bytes``), which also holds Python, torch and the
-  data: the plan counts only the training tensors there (no runtime reserve on a CPU);
+- peak: on a GPU torch's peak allocation (``device_peak_allocated_bytes``) against the
+  plan's tensors (its memory/rank adds the allocator's slack and the runtime, which the
+  allocator does not see); on a CPU the process's peak resident set (``peak_rss_bytes``)
+  less its baseline (``baseline_rss_bytes``: the resident set when the build began -
+  Python, torch, gloo, the data), against the plan's peak less the interpreter baseline
+  it measured while planning (ddl.planning.peak_model);
 - step time: the second epoch's training time over its steps (the first is warm-up, as in
   every ddl summary), against the plan's ``step_s`` where the plan predicts one ("n/a"
   where it does not: a site without a peak FLOP rate and link speeds, e.g. ``local``).
@@ -228,7 +230,7 @@ def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_
     out["predicted"] = {"model_state_bytes": row["model_state_bytes"],
                         "activation_bytes": row["activation_bytes"],
                         "memory_per_rank_bytes": row["memory_per_rank_bytes"],
-                        "step_s": row.get("step_s")}
+                        "peak": row.get("peak"), "step_s": row.get("step_s")}
     proc = subprocess.run(train_command(row, report, device_kind, data_dir, run_dir, srun),
                           capture_output=True, text=True, errors="replace",
                           env=dict(os.environ))
@@ -244,8 +246,24 @@ def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_
     out["ratio"] = {key: _ratio(out["measured"][m], out["predicted"][p]) for key, m, p in (
         ("model_state", "model_state_bytes", "model_state_bytes"),
         ("activations", "activation_bytes", "activation_bytes"),
-        ("peak", "peak_bytes", "memory_per_rank_bytes"), ("step", "step_s", "step_s"))}
+        ("step", "step_s", "step_s"))}
+    out["ratio"]["peak"] = _ratio(*peak_pair(out["predicted"], out["measured"])[::-1])
     return out
+
+
+def peak_pair(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[Any, Any]:
+    """The peak as predicted and as measured, comparably (ddl.planning.peak_model): on a
+    CPU both above the process's own baseline (the run's resident set when its build
+    began, measured in the run and subtracted; the plan's peak less the interpreter
+    baseline it measured while planning); on a GPU torch's allocated peak against the
+    plan's tensors. A plan row without the parts: its memory per rank, the whole peak."""
+    parts = predicted.get("peak") or {}
+    if measured.get("peak_source") == "peak_rss_bytes":
+        if parts and measured.get("peak_above_baseline_bytes") is not None:
+            return parts["above_interpreter_bytes"], measured["peak_above_baseline_bytes"]
+    elif parts:
+        return parts["tensors_bytes"], measured.get("peak_bytes")
+    return predicted["memory_per_rank_bytes"], measured.get("peak_bytes")
 
 
 def measured(results: dict[str, Any]) -> dict[str, Any]:
@@ -262,10 +280,16 @@ def measured(results: dict[str, Any]) -> dict[str, Any]:
                 else "peak_rss_bytes")
     summary, steps = results.get("summary") or {}, results.get("steps_per_epoch")
     epoch_s = summary.get("epoch_time_s")
+    base = fullest.get("baseline_rss_bytes") if peak_key == "peak_rss_bytes" else None
     return {"mesh": results["world"]["parallel"], "rank": rank,
             "model_state_bytes": fullest.get("model_state_bytes"),
             "activation_bytes": fullest.get("saved_for_backward_bytes"),
             "peak_bytes": fullest.get(peak_key), "peak_source": peak_key,
+            "baseline_bytes": base,
+            "peak_above_baseline_bytes": (fullest[peak_key] - base
+                                          if base is not None and fullest.get(peak_key)
+                                          else None),
+            "peak_reserved_bytes": fullest.get("device_peak_reserved_bytes"),
             "step_s": epoch_s / steps if epoch_s and steps else None}
 
 
@@ -290,7 +314,7 @@ def render(verified: dict[str, Any]) -> str:
                       str(row["accumulation"]), row["activation_checkpointing"],
                       _pair(p["model_state_bytes"], m.get("model_state_bytes"), _bytes),
                       _pair(p["activation_bytes"], m.get("activation_bytes"), _bytes),
-                      _pair(p["memory_per_rank_bytes"], m.get("peak_bytes"), _bytes),
+                      _pair(*peak_pair(p, m), _bytes),
                       _pair(p["step_s"], m.get("step_s"), _seconds)])
     widths = [max(len(r[k]) for r in table) for k in range(len(heads))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
@@ -303,10 +327,15 @@ def render(verified: dict[str, Any]) -> str:
 
 
 def _how(device_kind: str) -> list[str]:
-    peak = ("peak: measured is torch's peak allocation; the plan's adds the runtime reserve"
+    peak = ("peak: torch's peak allocation against the plan's tensors (model state, "
+            "activations, the backward's transient or the optimizer's temporaries, "
+            "communication buffers); the plan's memory/rank adds the allocator's slack and "
+            "the runtime (context, NCCL), which the allocator does not see"
             if device_kind != "cpu" else
-            "peak: measured is each process's peak resident set (Python, torch and the data "
-            "too); the plan's counts model state and activations only")
+            "peak: above each process's own baseline: measured, the peak resident set less "
+            "the resident set when the model's build began (Python, torch, gloo and the "
+            "data: subtracted); predicted, the plan's peak less the interpreter baseline it "
+            "measured while planning (ddl.planning.peak_model)")
     return ["activations: measured by ddl's saved-tensor meter (the most a rank held for "
             "backward); a workload that trims its batches (xsum) measures below the plan's "
             "bound", peak,

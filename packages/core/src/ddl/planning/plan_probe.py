@@ -181,13 +181,16 @@ class Activations:
     stage output (a pipeline hand-off) and the outputs of the row-parallel layers (tensor
     parallel all-reduces them, one call per layer: ``rowwise_layers``). ``stage_flops``:
     each pipeline stage's forward FLOPs (torch's FlopCounterMode: matrix products and
-    convolutions), which the step-time model's slowest stage is read from."""
+    convolutions), which the step-time model's slowest stage is read from.
+    ``largest_bytes``: per stage, the largest single tensor kept (ddl.planning.peak_model:
+    the backward's first gradients are about its size)."""
 
     per_stage: list[int]
     boundary_bytes: int = 0
     rowwise_bytes: int = 0
     rowwise_layers: int = 0
     stage_flops: tuple[float, ...] = ()
+    largest_bytes: tuple[int, ...] = ()
 
 
 def _nbytes(tree: Any) -> int:
@@ -253,12 +256,12 @@ def _forward(workload: Workload, model: nn.Module, inputs: Any, targets: Any, n_
         with meter.measure():
             workload.loss(workload.forward(model, inputs), targets)
         return Activations([meter.peak_bytes], rowwise_bytes=rowwise[0],
-                           rowwise_layers=rowwise[1])
+                           rowwise_layers=rowwise[1], largest_bytes=(meter.largest_bytes,))
     stages = workload.pipeline_stages(model, n_stages)
     args = tuple(inputs.values()) if isinstance(inputs, dict) else (inputs,)
     from torch.utils.flop_counter import FlopCounterMode
 
-    per_stage, boundary, flops = [], 0, []
+    per_stage, boundary, flops, largest = [], 0, [], []
     for i, stage in enumerate(stages):
         stage.train()
         # a stage's inputs arrive from its neighbour as fresh tensors that need gradients
@@ -271,12 +274,14 @@ def _forward(workload: Workload, model: nn.Module, inputs: Any, targets: Any, n_
             if i == n_stages - 1:
                 workload.loss(out, targets)
         per_stage.append(meter.peak_bytes)
+        largest.append(meter.largest_bytes)
         if counter is not None:
             flops.append(float(counter.get_total_flops()))
         args = out if isinstance(out, tuple) else (out,)
         if i < n_stages - 1:
             boundary = max(boundary, _nbytes(args))
-    return Activations(per_stage, boundary, rowwise[0], rowwise[1], tuple(flops))
+    return Activations(per_stage, boundary, rowwise[0], rowwise[1], tuple(flops),
+                       tuple(largest))
 
 
 def recompute_shares(workload: Workload, model: nn.Module, inputs: Any, targets: Any

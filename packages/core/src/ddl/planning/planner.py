@@ -24,6 +24,7 @@ from ddl.contract.layout import ParallelLayout
 from ddl.contract.workload import Workload
 from ddl.planning import layout_search as search
 from ddl.planning import memory_model as mm
+from ddl.planning import peak_model
 from ddl.planning import step_time_model as stm
 from ddl.planning import plan_probe as probe
 
@@ -56,13 +57,14 @@ class Prediction:
     dropped: str | None = None
     comm_bytes: dict[str, float] = field(default_factory=dict)
     step_time: dict[str, Any] | None = None  # step_time_model.StepTime.as_dict()
+    peak: dict[str, int] | None = None  # the fullest rank's, by part (peak_model.Peak)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.candidate
         return {"mesh": c.layout.degrees(), "micro_batch": c.micro_batch,
                 "accumulation": c.accumulation, "activation_checkpointing": c.checkpointing,
                 "pipeline_microbatches": c.microbatches if c.layout.pp > 1 else None,
-                "memory_per_rank_bytes": self.memory_bytes,
+                "memory_per_rank_bytes": self.memory_bytes, "peak": self.peak,
                 "model_state_bytes": self.model_state_bytes,
                 "activation_bytes": self.activation_bytes, "step_s": self.step_s,
                 "comm_bytes_per_step": self.comm_bytes, "step_time": self.step_time,
@@ -215,10 +217,13 @@ class Planner:
         for rank, state in enumerate(states):
             r = layout.coordinates(rank)["pp"]
             acts = mm.in_flight(search.SCHEDULE, c.microbatches, layout.pp, r) * stages[r]
-            total = mm.device_total(state["model_state_bytes"], int(acts), self.device.kind)
-            if worst is None or total > worst[0]:
-                worst = (total, state["model_state_bytes"], int(acts))
-        out.memory_bytes, out.model_state_bytes, out.activation_bytes = worst
+            peak = peak_model.rank_peak(self, c, state, int(acts), r,
+                                        *self._line(layout.tp, layout.pp, c.checkpointing)[:2])
+            if worst is None or peak.total_bytes > worst.total_bytes:
+                worst = peak
+        out.memory_bytes, out.peak = worst.total_bytes, worst.as_dict()
+        out.model_state_bytes, out.activation_bytes = (worst.model_state_bytes,
+                                                       worst.activation_bytes)
         d = self.device
         if out.memory_bytes > d.memory_bytes:
             out.dropped = (f"needs {gib(out.memory_bytes)} per device, has "

@@ -30,8 +30,12 @@ def rank_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     report = {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": state,
               "model_state_bytes": params + grads + state,
               "peak_rss_bytes": build_memory.process_peak()}
+    baseline = build_memory.baseline_rss()
+    if baseline is not None:
+        report["baseline_rss_bytes"] = baseline
     if device.type == "cuda":
         report["device_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        report["device_peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     return report
 
 

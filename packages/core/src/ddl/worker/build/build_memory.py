@@ -9,6 +9,9 @@ peak above what the process held when the build began:
   ``5`` is written to ``/proc/self/clear_refs`` (proc(5)), so the mark read afterwards is
   the build's own peak, exactly, not a sample. Elsewhere (no such file) the value is null.
 
+The resident set when the build begins is kept too (:func:`baseline_rss`): the process's
+own baseline, which ``ddl plan --verify`` subtracts from the peak on a CPU.
+
 The reset also lowers what ``getrusage`` reports as the process's peak, so the peak seen
 before the build is kept here and :func:`process_peak` adds it back (results.json's
 ``peak_rss_bytes`` stays the peak of the whole process).
@@ -24,6 +27,7 @@ from typing import Iterator
 import torch
 
 _before_reset: list[int] = [0]  # the process's peak RSS before the build's reset (bytes)
+_baseline: list[int | None] = [None]  # the resident set when the build began (bytes)
 
 
 def _status_bytes(field: str) -> int | None:
@@ -40,6 +44,16 @@ def _status_bytes(field: str) -> int | None:
 def _rusage_peak() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return rss if sys.platform == "darwin" else rss * 1024
+
+
+def baseline_rss() -> int | None:
+    """The process's resident set when the model's build began (CPU runs on Linux; else
+    None): Python, torch, ddl and the plugins imported, the process group and mesh up and
+    the data sets read - what the process holds before any model tensor.
+    ``memory_per_rank[].baseline_rss_bytes``; ``peak_rss_bytes`` minus it is what
+    training added (``ddl plan --verify`` compares that with the plan's peak above the
+    runtime baseline)."""
+    return _baseline[0]
 
 
 def process_peak() -> int:
@@ -65,6 +79,8 @@ def measure(device: torch.device) -> Iterator[BuildPeak]:
         return
     _before_reset[0] = max(_before_reset[0], _rusage_peak())
     start = _status_bytes("VmRSS")
+    if _baseline[0] is None:
+        _baseline[0] = start
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

@@ -48,6 +48,9 @@ class SavedTensorMeter:
 
     def __init__(self) -> None:
         self.peak_bytes = 0
+        # the largest single storage held (``ddl plan``'s peak model: the backward's first
+        # gradients are about its size, beside everything still held)
+        self.largest_bytes = 0
 
     @contextmanager
     def measure(self):
@@ -86,6 +89,7 @@ class SavedTensorMeter:
             activation_checkpointing.kept_meter = None
             live.closed = True  # tensors freed after the block no longer count anywhere
         self.peak_bytes = max(self.peak_bytes, live.peak)
+        self.largest_bytes = max(self.largest_bytes, live.largest)
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:
@@ -113,7 +117,7 @@ class _Live:
     def __init__(self) -> None:
         self.views: dict[int, dict[tuple[int, int], int]] = {}
         self.bytes: dict[int, int] = {}
-        self.total = self.peak = 0
+        self.total = self.peak = self.largest = 0
         self.closed = False
         # a release can come from the autograd engine's device threads (CUDA backward), or
         # from a garbage collection inside add: reentrant
@@ -149,6 +153,7 @@ class _Live:
         self.total += covered - self.bytes.get(key, 0)
         if covered:
             self.bytes[key] = covered
+            self.largest = max(self.largest, covered)
         else:
             self.bytes.pop(key, None)
 
