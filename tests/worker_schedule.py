@@ -20,7 +20,6 @@ from xdist.scheduler.worksteal import MIN_PENDING, NodePending
 # the fixture, measured alone on an idle machine (DDL_TEST_CPU_REPORT, cpu_machine), 2026-11-27.
 KEEP_TOGETHER = {
     "tests/distributed/test_layout_3d.py": 31.5,  # the 8-rank 3-D run through the CLI
-    "tests/distributed/test_scale.py": 11.6,  # `ddl scale`'s runs
     "tests/distributed/test_reliability.py": 8.8,  # a checkpointed run to resume from
     "tests/distributed/test_accumulation.py": 6.4,  # the single-process references
 }
