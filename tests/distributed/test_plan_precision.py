@@ -58,8 +58,11 @@ def test_16_bit_plans_of_every_split_on_a_gpu_site(tmp_path, synthetic_xsum):
     layout's activations differ from its fp32 figure (autocast ran), none of them dropped
     for an error. Not always less: the bf16 copies of the weights autocast saves for
     backward are a fixed part on top, which the tiny T5's small per-sample saving (2 %)
-    does not always outweigh (17.35 MB against 17.14 MB for dp_replicate=4; a pipeline
-    stage of 4 samples came out equal to the byte)."""
+    does not always outweigh (17.35 MB against 17.14 MB for dp_replicate=4). A pipeline
+    rank's fullest stage at 2 or 4 samples per micro-batch comes out equal to the byte
+    (3,030,848 B in both precisions, 2026-11-29, once attention was probed with the
+    kernel the run uses): a part that does not grow with the batch decides there. So per
+    kind of split its largest micro-batch must differ, and at least half its rows."""
     site = ("--site", "juwels", "--nodes", "1", "--top", "1000")
     auto, fp32 = (_plan(tmp_path, "xsum", synthetic_xsum, *site, *extra)
                   for extra in ((), ("--precision", "fp32")))
@@ -75,8 +78,10 @@ def test_16_bit_plans_of_every_split_on_a_gpu_site(tmp_path, synthetic_xsum):
         if row["activation_checkpointing"] == "none":  # (full: only fp32 block inputs)
             dims = frozenset(d for d, n in row["mesh"].items() if n > 1)
             differ.setdefault(dims, []).append(
-                row["activation_bytes"] != full[key(row)])
+                (row["micro_batch"], row["activation_bytes"] != full[key(row)]))
     assert kinds == {"dp_replicate", "dp_shard", "tp", "pp"}, kinds
-    for dims, flags in differ.items():  # every kind of split probed under autocast
-        assert sum(flags) >= 0.75 * len(flags), (sorted(dims), flags)
+    for dims, rows in differ.items():  # every kind of split probed under autocast
+        largest = max(micro for micro, _ in rows)
+        assert all(d for micro, d in rows if micro == largest), (sorted(dims), rows)
+        assert sum(d for _, d in rows) >= 0.5 * len(rows), (sorted(dims), rows)
     assert {r["dropped"] for r in auto["dropped"]} == {r["dropped"] for r in fp32["dropped"]}
