@@ -19,7 +19,7 @@ from ddl.contract.world import World
 from ddl.settings.config import RunConfig
 from ddl.worker.observe import results
 from ddl.worker.checkpointing.checkpoint import TrainerState
-from ddl.worker.train.setup import Layout
+from ddl.worker.train.setup import TrainingNumbers
 
 pytestmark = pytest.mark.unit
 
@@ -36,11 +36,11 @@ def _assemble(tmp_path: Path, epochs: list[dict], **overrides) -> dict:
                        checkpoint_every=7)
     spec = plugins.workload("mnist")
     world = World(rank=0, local_rank=0, size=2, device=torch.device("cpu"), backend="gloo")
-    layout = Layout(preset="tiny", dp_size=2, batch_per_replica=8, global_batch=16,
+    numbers = TrainingNumbers(preset="tiny", dp_size=2, batch_per_replica=8, global_batch=16,
                     micro_batch=4, accumulation=2, base_lr=0.001, lr=0.002, epochs=len(epochs), steps_per_epoch=10)
     inputs = {
         "config": config, "world": world, "plugins": plugins,
-        "workload": spec.create(spec.presets["tiny"]), "layout": layout, "data_dir": tmp_path,
+        "workload": spec.create(spec.presets["tiny"]), "numbers": numbers, "data_dir": tmp_path,
         "precision": "fp32", "loader_workers": 0, "parameters": 1234, "epochs": epochs,
         "val": epochs[-1]["val"], "test": {"loss": 0.8}, "started": 1_700_000_000.0,
         "finished": 1_700_000_042.5, "memory": [{"params_bytes": 1}, {"params_bytes": 1}],

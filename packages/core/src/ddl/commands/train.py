@@ -120,7 +120,7 @@ def _preflight(plan, plugins, may_generate_data: bool):
                          "here: --device cpu (or run inside a job that requests GPUs)")
     stand_in = World(rank=0, local_rank=0, size=plan.world_size,
                      device=torch.device("cuda" if gpu else "cpu"), backend=site.backend)
-    strategy, context, layout = build(config, stand_in, plugins)
+    strategy, context, numbers = build(config, stand_in, plugins)
     workload = context.workload
     data_dir = Path(config.data_dir)
     try:
@@ -131,11 +131,11 @@ def _preflight(plan, plugins, may_generate_data: bool):
         raise _write_failed(exc, data_dir) from None
     from ddl.worker.train.setup import check_model_fits
 
-    check_model_fits(strategy, context, layout, data_dir)
+    check_model_fits(strategy, context, numbers, data_dir)
     from ddl.worker.train.setup import resolved_of
 
     # build() decided the precision for this device kind (auto: bf16 or fp16 on GPUs)
-    return plan.model_copy(update={"resolved": resolved_of(layout, context,
+    return plan.model_copy(update={"resolved": resolved_of(numbers, context,
                                                             context.precision)})
 
 

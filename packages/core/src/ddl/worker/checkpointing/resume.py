@@ -45,33 +45,33 @@ def start(run: Run) -> Start:
 
 
 def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
-    config, layout = run.config, run.layout
+    config, numbers = run.config, run.numbers
     if path is None:
         if config.resume == "auto":
             run.say(f"ddl: --resume auto: no checkpoint in {run.run_dir}; starting from step 0")
         return None
     saved = checkpoint.read_trainer_state(path)
-    if saved.plugin and (saved.plugin, saved.preset) != (config.plugin, layout.preset):
+    if saved.plugin and (saved.plugin, saved.preset) != (config.plugin, numbers.preset):
         raise UsageError(f"--resume: {path} holds {saved.plugin} ({saved.preset}), not "
-                         f"{config.plugin} ({layout.preset}); resume with the same workload")
-    if saved.position and saved.global_batch != layout.global_batch:
+                         f"{config.plugin} ({numbers.preset}); resume with the same workload")
+    if saved.position and saved.global_batch != numbers.global_batch:
         raise UsageError(f"--resume: {path} stopped inside an epoch with global batch "
                          f"{saved.global_batch}; resume it with the same global batch (now "
-                         f"{layout.global_batch}) or from an epoch-end checkpoint")
-    if saved.position >= layout.steps_per_epoch:
+                         f"{numbers.global_batch}) or from an epoch-end checkpoint")
+    if saved.position >= numbers.steps_per_epoch:
         raise UsageError(f"--resume: {path} stopped after batch {saved.position} of epoch "
-                         f"{saved.epoch}, but this run has {layout.steps_per_epoch} steps per "
+                         f"{saved.epoch}, but this run has {numbers.steps_per_epoch} steps per "
                          "epoch; resume with the same --steps-per-epoch or from an epoch-end "
                          "checkpoint")
-    finished = (saved.epoch == layout.epochs + 1 and not saved.position
+    finished = (saved.epoch == numbers.epochs + 1 and not saved.position
                 and path.parent.parent.resolve() == run.run_dir.resolve())  # this very run
-    if saved.epoch > layout.epochs and not finished:
+    if saved.epoch > numbers.epochs and not finished:
         raise UsageError(f"--resume: {path} already completed {saved.epoch - 1} epoch(s); "
-                         f"ask for more with --epochs (now {layout.epochs})")
+                         f"ask for more with --epochs (now {numbers.epochs})")
     checkpoint.load(path, run.world, run.strategy, run.context, run.model, run.optimizer)
     run.scheduler.load_state_dict(saved.scheduler)
     if finished:  # killed after its last checkpoint, before results.json: finish it
-        run.say(f"ddl: resumed from {path}: all {layout.epochs} epoch(s) were trained; "
+        run.say(f"ddl: resumed from {path}: all {numbers.epochs} epoch(s) were trained; "
                 "testing and writing the results")
         return saved
     run.say(f"ddl: resumed from {path} (step {saved.step}, epoch {saved.epoch}, "
@@ -87,7 +87,7 @@ def _earlier_epochs(path: Path | None, run: Run, first_epoch: int) -> list[dict[
     source = path.parent.parent / rundir.METRICS if path else metrics
     records = [r for r in rundir.read_jsonl(source, run.say)
                if r.get("epoch", 0) < first_epoch]
-    if first_epoch > run.layout.epochs and len(records) < run.layout.epochs:
+    if first_epoch > run.numbers.epochs and len(records) < run.numbers.epochs:
         raise UsageError(f"--resume: {path} completed the training, but {source} lacks the "
                          "epochs' records needed for results.json; train again in a new "
                          "directory")

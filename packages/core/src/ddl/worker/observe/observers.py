@@ -22,13 +22,13 @@ from ddl.worker.observe.tensorboard_events import open_board
 
 class Observers:
     def __init__(self, run: Run, sampler=None) -> None:
-        config, world, layout = run.config, run.world, run.layout
-        self.progress = Progress(world.is_main, config.log_every, layout.steps_per_epoch,
-                                 layout.epochs, layout.global_batch)
+        config, world, numbers = run.config, run.world, run.numbers
+        self.progress = Progress(world.is_main, config.log_every, numbers.steps_per_epoch,
+                                 numbers.epochs, numbers.global_batch)
         about = {"plugin": config.plugin, "strategy": config.strategy,
-                 "preset": layout.preset, "device": world.device.type,
-                 "epochs": layout.epochs, "steps_per_epoch": layout.steps_per_epoch,
-                 "global_batch": layout.global_batch}
+                 "preset": numbers.preset, "device": world.device.type,
+                 "epochs": numbers.epochs, "steps_per_epoch": numbers.steps_per_epoch,
+                 "global_batch": numbers.global_batch}
         if world.device.type == "cuda":
             import torch
 

@@ -22,7 +22,7 @@ from ddl.settings.config import RunConfig
 from ddl.worker import mfu
 from ddl.worker.observe import container_record
 from ddl.worker.checkpointing.checkpoint import TrainerState
-from ddl.worker.train.setup import Layout
+from ddl.worker.train.setup import TrainingNumbers
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
 #: results.json's ``environment``: the variables that steer the collectives and the GPU
@@ -40,7 +40,7 @@ def environment(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Workload,
-             layout: Layout, data_dir: Path, precision: str, loader_workers: int,
+             numbers: TrainingNumbers, data_dir: Path, precision: str, loader_workers: int,
              parameters: int, epochs: list[dict[str, Any]], val: dict[str, float],
              test: dict[str, float], started: float, finished: float,
              memory: list[dict[str, Any]], latest_checkpoint: Path | None,
@@ -69,20 +69,20 @@ def assemble(*, config: RunConfig, world: World, plugins: Plugins, workload: Wor
         "container": container_record.record(),  # the image it ran in, or None
         "environment": environment(),
         "plugin": config.plugin, "strategy": config.strategy, "site": config.site,
-        "preset": layout.preset,
+        "preset": numbers.preset,
         "data": {"dir": str(data_dir.resolve()), "synthetic": workload.is_synthetic(data_dir)},
-        "world": {"size": world.size, "dp_size": layout.dp_size, "backend": world.backend,
+        "world": {"size": world.size, "dp_size": numbers.dp_size, "backend": world.backend,
                   "device": world.device.type, "parallel": parallel or {}},
         "precision": precision,
         "tf32": tf32,
         "loader_workers": loader_workers,
         "threads": threads or {},
-        "batch": {"per_replica": layout.batch_per_replica, "global": layout.global_batch,
-                  "micro": layout.micro_batch, "accumulation_steps": layout.accumulation},
-        "lr": {"base": layout.base_lr, "scaled": layout.lr, "scaling": config.lr_scaling,
+        "batch": {"per_replica": numbers.batch_per_replica, "global": numbers.global_batch,
+                  "micro": numbers.micro_batch, "accumulation_steps": numbers.accumulation},
+        "lr": {"base": numbers.base_lr, "scaled": numbers.lr, "scaling": config.lr_scaling,
                "warmup_epochs": config.warmup_epochs, "warmup_steps": config.warmup_steps,
                "schedule": config.lr_schedule},
-        "steps_per_epoch": layout.steps_per_epoch,
+        "steps_per_epoch": numbers.steps_per_epoch,
         "activation_checkpointing": config.activation_checkpointing,
         "compile": compiled or {"enabled": False},
         "epochs": epochs,

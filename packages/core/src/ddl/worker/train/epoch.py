@@ -47,10 +47,10 @@ class Trained:
 
 def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
                 profiler: StepProfiler, observers: Observers) -> Trained:
-    layout, world, workload, model = run.layout, run.world, run.workload, run.model
+    numbers, world, workload, model = run.numbers, run.world, run.workload, run.model
     loader = run.train_loader
     loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-    loader.sampler.start = position * layout.batch_per_replica  # samples, not batches
+    loader.sampler.start = position * numbers.batch_per_replica  # samples, not batches
     model.train()
     sums = MetricSums(world.device)
     data_wait = 0.0
@@ -63,11 +63,11 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
     # to_device overlap the step before; ddl.worker.train.loaders.DeviceBatches)
     batches = DeviceBatches(loader, lambda batch: workload.to_device(batch, world.device),
                             world.device)
-    for i in range(position, layout.steps_per_epoch):
+    for i in range(position, numbers.steps_per_epoch):
         with breakdown.step() as syncs:
             breakdown.started()
             t_fetch = time.perf_counter()
-            micro = [next(batches) for _ in range(layout.accumulation)]
+            micro = [next(batches) for _ in range(numbers.accumulation)]
             data_wait += time.perf_counter() - t_fetch
             breakdown.fetched()
             # the first steps of an epoch also count the bytes kept for backward (cheap, but
@@ -88,18 +88,18 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
                         sums.add(workload.sample_metrics(out, batch[1]))
             observers.step(epoch, i + 1, run.step, loss)  # fetches the loss every --log-every
             done = i + 1  # batches of this epoch behind us
-            checkpoint_due = bool(run.config.checkpoint_every and done < layout.steps_per_epoch
+            checkpoint_due = bool(run.config.checkpoint_every and done < numbers.steps_per_epoch
                                   and run.step % run.config.checkpoint_every == 0)
             # checked before any checkpoint is written, and at the epoch's end
             stop = guard.after_step(loss, run.step, epoch, done,
                                     lambda: checkpoint.latest(run.run_dir),
-                                    force=checkpoint_due or done == layout.steps_per_epoch)
+                                    force=checkpoint_due or done == numbers.steps_per_epoch)
             if checkpoint_due or stop:  # a stop resumes here (the next epoch if it is done)
                 observers.phase("checkpointing")
-                run.save_checkpoint(*((epoch, done) if done < layout.steps_per_epoch
+                run.save_checkpoint(*((epoch, done) if done < numbers.steps_per_epoch
                                       else (epoch + 1, 0)))
                 observers.phase("training")
-        breakdown.ended(_asked(run, done, layout.steps_per_epoch, checkpoint_due, stop), syncs)
+        breakdown.ended(_asked(run, done, numbers.steps_per_epoch, checkpoint_due, stop), syncs)
         if stop:
             return Trained(stop=stop)
     _sync(world.device)
@@ -131,17 +131,17 @@ def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool
     """Evaluate on the validation split; log, record (metrics.jsonl) and return the epoch.
     ``warmup`` marks the first epoch of this run: its one-off costs keep it out of the
     summary."""
-    layout, world = run.layout, run.world
+    numbers, world = run.numbers, run.world
     observers.phase("validating")
     t_eval = time.perf_counter()
     run.model.eval()
     val = evaluate(run.eval_step, run.val_loader, run.workload, world)
     seconds = trained.seconds
-    samples = (layout.steps_per_epoch - position) * layout.global_batch
+    samples = (numbers.steps_per_epoch - position) * numbers.global_batch
     record = {"epoch": epoch, "warmup": warmup, "time_s": seconds,
               "samples": samples, "samples_per_s": samples / seconds,
               "data_wait_s": trained.data_wait,
-              "data_wait_per_step_s": trained.data_wait / layout.steps_per_epoch,
+              "data_wait_per_step_s": trained.data_wait / numbers.steps_per_epoch,
               "eval_time_s": time.perf_counter() - t_eval,
               "lr": run.optimizer.param_groups[0]["lr"], "train": trained.metrics,
               "val": val}
@@ -151,11 +151,11 @@ def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool
     if position:
         record["resumed_at_step"] = position  # a partial epoch: times cover the rest
     record["data_wait_share"] = trained.data_wait / seconds
-    run.say(f"epoch {epoch}/{layout.epochs}  train {fmt(trained.metrics)} | val "
+    run.say(f"epoch {epoch}/{numbers.epochs}  train {fmt(trained.metrics)} | val "
             f"{fmt(val)} | {seconds:.1f} s, {samples / seconds:.0f} samples/s"
             + (" (warm-up, excluded from the summary)" if warmup else ""))
     note = None if warmup or run.loader_noted else loader_note(
-        epoch, layout.steps_per_epoch - position, seconds, trained.data_wait, run.workers)
+        epoch, numbers.steps_per_epoch - position, seconds, trained.data_wait, run.workers)
     if note:
         run.loader_noted = True
         run.say(note)

@@ -2,10 +2,10 @@
 
 ``build`` resolves the workload and strategy plugins, makes the strategy's context (the
 workload, the parallel layout, the step settings), lets the strategy check it and works out
-batch sizes and the learning rate (a ``Layout``). It builds no model, so the CLI can
-run it as a cheap pre-flight check before any worker starts. ``set_up`` then builds what the
-epochs need - the wrapped model, its optimizer and learning-rate schedule, the precision and
-the sharded loaders - into one ``Run`` that the trainer drives epoch by epoch.
+batch sizes, the learning rate and the epochs (``TrainingNumbers``). It builds no model, so
+the CLI can run it as a cheap pre-flight check before any worker starts. ``set_up`` then
+builds what the epochs need - the wrapped model, its optimizer and learning-rate schedule,
+the precision and the sharded loaders - into one ``Run`` that the trainer drives epoch by epoch.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ from ddl.worker.train.precision import resolve as resolve_precision
 
 
 @dataclass
-class Layout:
-    """What the worker derived from the config and the world."""
+class TrainingNumbers:
+    """The numbers a run trains with: batch sizes, learning rate, epochs and steps, as
+    the worker derived them from the config and the world (not a layout: that is
+    ``StrategyContext.layout``, a ParallelLayout)."""
 
     preset: str
     dp_size: int
@@ -56,7 +58,7 @@ class Layout:
 
 
 def build(config: RunConfig, world: World, plugins: Plugins, resolved: Resolved | None = None
-          ) -> tuple[Strategy, StrategyContext, Layout]:
+          ) -> tuple[Strategy, StrategyContext, TrainingNumbers]:
     """The strategy for ``config`` and what its calls need (the workload, the layout),
     checked against each other and the world. ``resolved``: what the pre-flight already
     worked out (preset, degrees, batch split, lr), taken as it is; None works it out."""
@@ -92,24 +94,26 @@ def build(config: RunConfig, world: World, plugins: Plugins, resolved: Resolved 
     strategy.check(context)
     dp_size = context.layout.dp
     if resolved:
-        layout = Layout(preset=preset_name, dp_size=dp_size,
-                        batch_per_replica=resolved.batch_per_replica,
-                        global_batch=resolved.global_batch, micro_batch=resolved.micro_batch,
-                        accumulation=resolved.accumulation, base_lr=resolved.base_lr,
-                        lr=resolved.lr, epochs=resolved.epochs)
+        numbers = TrainingNumbers(preset=preset_name, dp_size=dp_size,
+                                  batch_per_replica=resolved.batch_per_replica,
+                                  global_batch=resolved.global_batch,
+                                  micro_batch=resolved.micro_batch,
+                                  accumulation=resolved.accumulation, base_lr=resolved.base_lr,
+                                  lr=resolved.lr, epochs=resolved.epochs)
     else:
         batch = resolve_batch(config, preset.batch_size, dp_size)
         base_lr = config.lr or preset.lr
-        layout = Layout(preset=preset_name, dp_size=dp_size,
-                        batch_per_replica=batch.per_replica, global_batch=batch.global_,
-                        micro_batch=batch.micro, accumulation=batch.accumulation,
-                        base_lr=base_lr,
-                        lr=scaled_lr(config, base_lr, batch.global_, preset.batch_size),
-                        epochs=config.epochs or preset.epochs)
-    if layout.accumulation > 1:
-        strategy.check_accumulation(context, layout.accumulation)
-    strategy.check_layout(context, layout)
-    return strategy, context, layout
+        numbers = TrainingNumbers(preset=preset_name, dp_size=dp_size,
+                                  batch_per_replica=batch.per_replica, global_batch=batch.global_,
+                                  micro_batch=batch.micro, accumulation=batch.accumulation,
+                                  base_lr=base_lr,
+                                  lr=scaled_lr(config, base_lr, batch.global_,
+                                               preset.batch_size),
+                                  epochs=config.epochs or preset.epochs)
+    if numbers.accumulation > 1:
+        strategy.check_accumulation(context, numbers.accumulation)
+    strategy.check_layout(context, numbers)
+    return strategy, context, numbers
 
 
 def _check_block_options(config: RunConfig, wspec, world: World) -> None:
@@ -125,7 +129,7 @@ def _check_block_options(config: RunConfig, wspec, world: World) -> None:
         compiling.check_toolchain(world.device.type)
 
 
-def check_model_fits(strategy: Strategy, context: StrategyContext, layout: Layout,
+def check_model_fits(strategy: Strategy, context: StrategyContext, numbers: TrainingNumbers,
                      data_dir: Path) -> None:
     """The pre-flight's look at the model itself: built on the meta device (no memory, no
     initialisation), handed to :meth:`Strategy.check_model` (heads that tensor parallel
@@ -133,9 +137,9 @@ def check_model_fits(strategy: Strategy, context: StrategyContext, layout: Layou
     that way is checked by the workers instead, as before."""
     workload = context.workload
     workload.context = RunContext(data_dir=data_dir, world=context.world,
-                                  parallel=context.layout, epochs=layout.epochs,
-                                  global_batch=layout.global_batch,
-                                  batch_per_replica=layout.batch_per_replica)
+                                  parallel=context.layout, epochs=numbers.epochs,
+                                  global_batch=numbers.global_batch,
+                                  batch_per_replica=numbers.batch_per_replica)
     try:
         with torch.device("meta"):
             model = workload.build_model()
@@ -157,7 +161,7 @@ class Run:
     workload: Workload
     strategy: Strategy
     context: StrategyContext  # what the strategy's calls are given
-    layout: Layout
+    numbers: TrainingNumbers
     data_dir: Path
     splits: dict[str, Any]
     parameters: int
@@ -192,10 +196,10 @@ class Run:
             return
         state = checkpoint.TrainerState(
             step=self.step, epoch=epoch, position=position,
-            global_batch=self.layout.global_batch, world_size=self.world.size,
+            global_batch=self.numbers.global_batch, world_size=self.world.size,
             scheduler=self.scheduler.state_dict(), plugin=self.config.plugin,
-            preset=self.layout.preset, strategy=self.config.strategy,
-            steps_per_epoch=self.layout.steps_per_epoch)
+            preset=self.numbers.preset, strategy=self.config.strategy,
+            steps_per_epoch=self.numbers.steps_per_epoch)
         self.checkpoint_writer().save(self.run_dir, self.world, self.strategy, self.context,
                                       self.model, self.optimizer, state,
                                       self.config.keep_checkpoints)
@@ -214,15 +218,15 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
     ``workers`` is the number of DataLoader processes per rank; ``resolved`` what the
     pre-flight worked out (the run plan's), else None."""
-    strategy, parallel, layout = build(config, world, plugins, resolved)
+    strategy, parallel, numbers = build(config, world, plugins, resolved)
     run_mesh, dp_mesh = mesh.build(parallel.layout, world)  # the one mesh, built once
     parallel = replace(parallel, mesh=run_mesh, dp_mesh=dp_mesh)
     workload = parallel.workload
     data_dir = Path(config.data_dir)
     context = RunContext(data_dir=data_dir, world=world, parallel=parallel.layout,
-                         epochs=layout.epochs, global_batch=layout.global_batch,
-                         batch_per_replica=layout.batch_per_replica,
-                         micro_batch=layout.micro_batch, accumulation=layout.accumulation)
+                         epochs=numbers.epochs, global_batch=numbers.global_batch,
+                         batch_per_replica=numbers.batch_per_replica,
+                         micro_batch=numbers.micro_batch, accumulation=numbers.accumulation)
     workload.context = context
     splits = workload.datasets(data_dir)
     if config.eval_samples is not None:  # --eval-samples: a quick check's evaluation
@@ -232,35 +236,35 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     pin = world.device.type == "cuda"
     dp_rank, dp_size = mesh.data_shard(parallel.dp_mesh)
     # The loader delivers micro-batches; an optimizer step takes `accumulation` of them.
-    loader = train_loader(splits["train"], batch_size=layout.micro_batch,
+    loader = train_loader(splits["train"], batch_size=numbers.micro_batch,
                           replicas=dp_size, rank=dp_rank, seed=config.seed,
                           workers=workers, pin_memory=pin)
-    steps = len(loader) // layout.accumulation
+    steps = len(loader) // numbers.accumulation
     if steps == 0:
-        raise UsageError(f"the global batch {layout.global_batch} is larger than the "
+        raise UsageError(f"the global batch {numbers.global_batch} is larger than the "
                          f"{len(splits['train'])} training samples; use a smaller batch")
-    layout.steps_per_epoch = min(steps, config.steps_per_epoch or steps)
-    workload.context = replace(context, steps_per_epoch=layout.steps_per_epoch,
-                               total_steps=layout.epochs * layout.steps_per_epoch)
+    numbers.steps_per_epoch = min(steps, config.steps_per_epoch or steps)
+    workload.context = replace(context, steps_per_epoch=numbers.steps_per_epoch,
+                               total_steps=numbers.epochs * numbers.steps_per_epoch)
 
     seed_all(config.seed)  # identical initial weights on every rank
     with build_memory.measure(world.device) as build_peak:  # the build's own peak
         model, parameters = _build_model(config, world, workload, strategy, parallel)
     optimizer = strategy.prepare_optimizer(
-        workload.optimizer(_optimizer_params(model, parallel, strategy), layout.lr), model)
+        workload.optimizer(_optimizer_params(model, parallel, strategy), numbers.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
     precision = Precision.create(parallel.precision, world.device, tf32=config.tf32)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, layout,
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, numbers,
                                                                           workload))
     val_loader, test_loader = (
-        eval_loader(splits[s], batch_size=layout.micro_batch, replicas=dp_size,
+        eval_loader(splits[s], batch_size=numbers.micro_batch, replicas=dp_size,
                     rank=dp_rank, workers=workers, pin_memory=pin, split=s)
         for s in ("val", "test"))
     return Run(config=config, world=world, run_dir=run_dir, workload=workload,
-               strategy=strategy, context=parallel, layout=layout, data_dir=data_dir, splits=splits,
-               parameters=parameters, model=model, optimizer=optimizer, scheduler=scheduler,
-               precision=precision, workers=workers, train_loader=loader,
+               strategy=strategy, context=parallel, numbers=numbers, data_dir=data_dir,
+               splits=splits, parameters=parameters, model=model, optimizer=optimizer,
+               scheduler=scheduler, precision=precision, workers=workers, train_loader=loader,
                val_loader=val_loader, test_loader=test_loader,
                saved_tensors=None if config.compile else SavedTensorMeter(),
                build_peak_bytes=build_peak.bytes)
@@ -317,21 +321,21 @@ def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,
     return params or [{"params": []}]
 
 
-def _lr_schedule(config: RunConfig, layout: Layout, workload: Workload):
+def _lr_schedule(config: RunConfig, numbers: TrainingNumbers, workload: Workload):
     """Per-step multiplier of the learning rate (ddl.worker.train.lr_schedule)."""
-    steps = layout.steps_per_epoch
+    steps = numbers.steps_per_epoch
     warmup = (config.warmup_steps if config.warmup_steps is not None
               else round(config.warmup_epochs * steps))
-    start = min(1.0, layout.base_lr / layout.lr) if config.lr_scaling == "linear" else 0.0
-    return lr_schedule.make(config.lr_schedule, total_steps=layout.epochs * steps,
+    start = min(1.0, numbers.base_lr / numbers.lr) if config.lr_scaling == "linear" else 0.0
+    return lr_schedule.make(config.lr_schedule, total_steps=numbers.epochs * steps,
                             steps_per_epoch=steps, warmup_steps=warmup, warmup_start=start,
                             step_factor=workload.lr_step_factor)
 
 
-def resolved_of(layout: Layout, context: StrategyContext, precision: str) -> Resolved:
+def resolved_of(numbers: TrainingNumbers, context: StrategyContext, precision: str) -> Resolved:
     """What :func:`build` worked out, for the run plan (the pre-flight calls it once)."""
-    return Resolved(preset=layout.preset, degrees=context.layout.degrees(),
-                    batch_per_replica=layout.batch_per_replica,
-                    global_batch=layout.global_batch, micro_batch=layout.micro_batch,
-                    accumulation=layout.accumulation, base_lr=layout.base_lr, lr=layout.lr,
-                    epochs=layout.epochs, precision=precision)
+    return Resolved(preset=numbers.preset, degrees=context.layout.degrees(),
+                    batch_per_replica=numbers.batch_per_replica,
+                    global_batch=numbers.global_batch, micro_batch=numbers.micro_batch,
+                    accumulation=numbers.accumulation, base_lr=numbers.base_lr, lr=numbers.lr,
+                    epochs=numbers.epochs, precision=precision)

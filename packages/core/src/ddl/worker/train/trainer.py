@@ -38,9 +38,9 @@ from ddl.worker.train.epoch import train_epoch, validate
 from ddl.worker.train.evaluation import evaluate, fmt
 from ddl.worker.memory import gather, rank_memory
 from ddl.worker.observe.observers import Observers
-from ddl.worker.train.setup import Layout, Run, build, set_up
+from ddl.worker.train.setup import Run, TrainingNumbers, build, set_up
 
-__all__ = ["Layout", "build", "evaluate", "train"]
+__all__ = ["TrainingNumbers", "build", "evaluate", "train"]
 
 
 def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
     observers = Observers(run, usage)  # progress, live state (ddl watch), TensorBoard
     try:
         epochs = begin.earlier_epochs
-        for epoch in range(begin.epoch, run.layout.epochs + 1):
+        for epoch in range(begin.epoch, run.numbers.epochs + 1):
             position = begin.position if epoch == begin.epoch else 0  # > 0: resumed mid-epoch
             trained = train_epoch(run, epoch, position, guard, profiler, observers)
             if trained.stop:
@@ -117,7 +117,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
     strategy_report = strategy.report(model, run.context)
     state = strategy.full_state_dict(model, run.context)
     document = results.assemble(
-        config=config, world=world, plugins=plugins, workload=workload, layout=run.layout,
+        config=config, world=world, plugins=plugins, workload=workload, numbers=run.numbers,
         data_dir=run.data_dir, precision=run.precision.name, loader_workers=run.workers,
         parameters=run.parameters, epochs=epochs, val=epochs[-1]["val"], test=test,
         started=started, finished=time.time(), memory=memory,
@@ -149,15 +149,15 @@ def _compile_report(run: Run) -> dict[str, Any]:
 
 
 def _banner(run: Run) -> str:
-    config, world, layout = run.config, run.world, run.layout
-    per_replica = f"{layout.batch_per_replica} per replica" + (
-        f" in {layout.accumulation} micro-steps of {layout.micro_batch}"
-        if layout.accumulation > 1 else "")
-    return (f"ddl: {config.plugin} ({layout.preset}) with {config.strategy} on "
+    config, world, numbers = run.config, run.world, run.numbers
+    per_replica = f"{numbers.batch_per_replica} per replica" + (
+        f" in {numbers.accumulation} micro-steps of {numbers.micro_batch}"
+        if numbers.accumulation > 1 else "")
+    return (f"ddl: {config.plugin} ({numbers.preset}) with {config.strategy} on "
             f"{world.size} process(es), {world.device.type}/{world.backend}, "
             f"{run.precision.name}, {run.workers} loader worker(s); global batch "
-            f"{layout.global_batch} ({per_replica}), lr "
-            f"{layout.lr:g}, {layout.steps_per_epoch} steps/epoch, run dir {run.run_dir}")
+            f"{numbers.global_batch} ({per_replica}), lr "
+            f"{numbers.lr:g}, {numbers.steps_per_epoch} steps/epoch, run dir {run.run_dir}")
 
 
 def _save_model(state: dict[str, torch.Tensor], path: Path) -> None:
