@@ -18,7 +18,7 @@ from typing import Any
 from ddl.contract.errors import UsageError
 from ddl.settings import rundir
 from ddl.worker.checkpointing import checkpoint, checkpoint_choice
-from ddl.worker.train.setup import Run
+from ddl.worker.train.setup import TrainingRun
 
 
 @dataclass
@@ -32,7 +32,7 @@ class Start:
     earlier_epochs: list[dict[str, Any]]  # records of the epochs before ``epoch``
 
 
-def start(run: Run) -> Start:
+def start(run: TrainingRun) -> Start:
     """Load the checkpoint ``--resume`` names (if any) into ``run`` and say where to begin;
     sets ``run.step`` to the checkpoint's step."""
     path = checkpoint_choice.choose(run.config.resume, run.run_dir, run.world, run.say)
@@ -44,7 +44,7 @@ def start(run: Run) -> Start:
                  earlier_epochs=_earlier_epochs(path, run, epoch))
 
 
-def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
+def _load(path: Path | None, run: TrainingRun) -> checkpoint.TrainerState | None:
     config, numbers = run.config, run.numbers
     if path is None:
         if config.resume == "auto":
@@ -80,7 +80,7 @@ def _load(path: Path | None, run: Run) -> checkpoint.TrainerState | None:
     return saved
 
 
-def _earlier_epochs(path: Path | None, run: Run, first_epoch: int) -> list[dict[str, Any]]:
+def _earlier_epochs(path: Path | None, run: TrainingRun, first_epoch: int) -> list[dict[str, Any]]:
     """Per-epoch records of the epochs before the resume point, from the run that wrote the
     checkpoint; this run's metrics.jsonl is rewritten to hold exactly those."""
     metrics = run.run_dir / rundir.METRICS

@@ -16,12 +16,12 @@ from typing import Any
 from ddl.worker import memory
 from ddl.worker.observe.live import LiveState
 from ddl.worker.observe.progress import Progress
-from ddl.worker.train.setup import Run
+from ddl.worker.train.setup import TrainingRun
 from ddl.worker.observe.tensorboard_events import open_board
 
 
 class Observers:
-    def __init__(self, run: Run, sampler=None) -> None:
+    def __init__(self, run: TrainingRun, sampler=None) -> None:
         config, world, numbers = run.config, run.world, run.numbers
         self.progress = Progress(world.is_main, config.log_every, numbers.steps_per_epoch,
                                  numbers.epochs, numbers.global_batch)

@@ -27,7 +27,7 @@ from ddl.worker.train.loaders import DeviceBatches
 from ddl.worker.train.metrics import MetricSums
 from ddl.worker.observe.observers import Observers
 from ddl.worker.observe.profiling import StepProfiler
-from ddl.worker.train.setup import Run
+from ddl.worker.train.setup import TrainingRun
 from ddl.worker.train.step import optimizer_step
 from ddl.worker.observe.step_breakdown import StepBreakdown
 
@@ -45,7 +45,7 @@ class Trained:
     breakdown: dict[str, Any] = field(default_factory=dict)  # ddl.worker.observe.step_breakdown
 
 
-def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
+def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
                 profiler: StepProfiler, observers: Observers) -> Trained:
     numbers, world, workload, model = run.numbers, run.world, run.workload, run.model
     loader = run.train_loader
@@ -110,7 +110,7 @@ def train_epoch(run: Run, epoch: int, position: int, guard: StepGuard,
                    breakdown=breakdown.record())
 
 
-def _asked(run: Run, done: int, steps: int, checkpoint_due: bool, stop: str | None
+def _asked(run: TrainingRun, done: int, steps: int, checkpoint_due: bool, stop: str | None
            ) -> str | None:
     """The flag or event that reads a device value at this step (the step guard's check,
     the progress line's loss, a checkpoint), or None: then the step should make no
@@ -126,7 +126,7 @@ def _asked(run: Run, done: int, steps: int, checkpoint_due: bool, stop: str | No
     return None
 
 
-def validate(run: Run, epoch: int, position: int, trained: Trained, warmup: bool,
+def validate(run: TrainingRun, epoch: int, position: int, trained: Trained, warmup: bool,
              observers: Observers) -> dict[str, Any]:
     """Evaluate on the validation split; log, record (metrics.jsonl) and return the epoch.
     ``warmup`` marks the first epoch of this run: its one-off costs keep it out of the

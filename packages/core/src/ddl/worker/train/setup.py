@@ -5,7 +5,8 @@ workload, the parallel layout, the step settings), lets the strategy check it an
 batch sizes, the learning rate and the epochs (``TrainingNumbers``). It builds no model, so
 the CLI can run it as a cheap pre-flight check before any worker starts. ``set_up`` then
 builds what the epochs need - the wrapped model, its optimizer and learning-rate schedule,
-the precision and the sharded loaders - into one ``Run`` that the trainer drives epoch by epoch.
+the precision and the sharded loaders - into one ``TrainingRun`` that the trainer drives
+epoch by epoch.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def check_model_fits(strategy: Strategy, context: StrategyContext, numbers: Trai
 
 
 @dataclass
-class Run:
+class TrainingRun:
     """Everything one run trains with, built once by ``set_up``. ``step`` counts optimizer
     steps over the whole run (a resumed run starts from the checkpoint's)."""
 
@@ -214,7 +215,7 @@ class Run:
 
 
 def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
-           workers: int, resolved: Resolved | None = None) -> Run:
+           workers: int, resolved: Resolved | None = None) -> TrainingRun:
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
     ``workers`` is the number of DataLoader processes per rank; ``resolved`` what the
     pre-flight worked out (the run plan's), else None."""
@@ -261,13 +262,13 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
         eval_loader(splits[s], batch_size=numbers.micro_batch, replicas=dp_size,
                     rank=dp_rank, workers=workers, pin_memory=pin, split=s)
         for s in ("val", "test"))
-    return Run(config=config, world=world, run_dir=run_dir, workload=workload,
-               strategy=strategy, context=parallel, numbers=numbers, data_dir=data_dir,
-               splits=splits, parameters=parameters, model=model, optimizer=optimizer,
-               scheduler=scheduler, precision=precision, workers=workers, train_loader=loader,
-               val_loader=val_loader, test_loader=test_loader,
-               saved_tensors=None if config.compile else SavedTensorMeter(),
-               build_peak_bytes=build_peak.bytes)
+    return TrainingRun(config=config, world=world, run_dir=run_dir, workload=workload,
+                       strategy=strategy, context=parallel, numbers=numbers, data_dir=data_dir,
+                       splits=splits, parameters=parameters, model=model, optimizer=optimizer,
+                       scheduler=scheduler, precision=precision, workers=workers,
+                       train_loader=loader, val_loader=val_loader, test_loader=test_loader,
+                       saved_tensors=None if config.compile else SavedTensorMeter(),
+                       build_peak_bytes=build_peak.bytes)
 
 
 class _First(Subset):

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from ddl.contract.strategy import Strategy
 
 if TYPE_CHECKING:
-    from ddl.worker.train.setup import Run
+    from ddl.worker.train.setup import TrainingRun
 
 
-def optimizer_step(run: Run, micro: list[tuple[Any, Any]]) -> tuple[Any, list[Any], Any]:
+def optimizer_step(run: TrainingRun, micro: list[tuple[Any, Any]]) -> tuple[Any, list[Any], Any]:
     """One optimizer step over ``micro`` (its micro-batches, on the device): returns (the
     detached mean loss, outputs per micro-batch, the gradient norm before clipping or
     None when not clipping)."""
@@ -57,7 +57,7 @@ def _whole_step_class(cls: type) -> bool:
 _warned: set[type] = set()
 
 
-def _whole_step_by_strategy(run: Run, micro: list) -> tuple[Any, list[Any], Any]:
+def _whole_step_by_strategy(run: TrainingRun, micro: list) -> tuple[Any, list[Any], Any]:
     """Contract 2.0's way: the strategy's own ``train_step`` (one micro-batch) or
     ``train_steps`` (several) runs zero_grad to the optimizer step."""
     strategy = run.strategy

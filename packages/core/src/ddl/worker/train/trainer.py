@@ -38,7 +38,7 @@ from ddl.worker.train.epoch import train_epoch, validate
 from ddl.worker.train.evaluation import evaluate, fmt
 from ddl.worker.memory import gather, rank_memory
 from ddl.worker.observe.observers import Observers
-from ddl.worker.train.setup import Run, TrainingNumbers, build, set_up
+from ddl.worker.train.setup import TrainingNumbers, TrainingRun, build, set_up
 
 __all__ = ["TrainingNumbers", "build", "evaluate", "train"]
 
@@ -94,7 +94,7 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
     return document
 
 
-def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],
+def _finish(run: TrainingRun, plugins: Plugins, begin: resume.Start, epochs: list[dict[str, Any]],
             started: float, profile: dict[str, Any] | None,
             used: dict[str, Any], peak_flops: float | None,
             command: list[str], predicted: dict[str, Any] | None = None,
@@ -137,7 +137,7 @@ def _finish(run: Run, plugins: Plugins, begin: resume.Start, epochs: list[dict[s
     return document
 
 
-def _compile_report(run: Run) -> dict[str, Any]:
+def _compile_report(run: TrainingRun) -> dict[str, Any]:
     """--compile: rank 0's seconds in torch.compile, and its first optimizer step (which
     contains them), apart from the steady step time in the summary."""
     if not run.config.compile:
@@ -148,7 +148,7 @@ def _compile_report(run: Run) -> dict[str, Any]:
             "first_step_s": run.first_step_s}
 
 
-def _banner(run: Run) -> str:
+def _banner(run: TrainingRun) -> str:
     config, world, numbers = run.config, run.world, run.numbers
     per_replica = f"{numbers.batch_per_replica} per replica" + (
         f" in {numbers.accumulation} micro-steps of {numbers.micro_batch}"
