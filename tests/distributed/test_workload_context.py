@@ -41,7 +41,7 @@ class Told(RegressionWorkload):
             "names": sorted(name for name, _ in named), "own": sorted(own),
             "during_datasets": self.during_datasets, "total_steps": ctx.total_steps,
             "steps_per_epoch": ctx.steps_per_epoch, "epochs": ctx.epochs,
-            "dp": ctx.parallel.dp, "world": ctx.world.size}}))
+            "dp": ctx.layout.dp, "world": ctx.world.size}}))
         decay = [p for name, p in named if not name.endswith("bias")]
         no_decay = [p for name, p in named if name.endswith("bias")]
         return [{{"params": decay, "weight_decay": 0.1}},

@@ -106,3 +106,27 @@ def test_check_ddp_equivalence_warns_and_runs_the_ddp_strategy_check(tmp_path):
         conformance.check_ddp_equivalence("absent", tmp_path / "data", tmp_path)
     assert caught[0].filename == __file__
     assert "--plugin: unknown plugin 'absent'" in str(broken.value)
+
+
+def test_run_context_parallel_reads_and_constructs_as_layout_with_a_warning(tmp_path):
+    """RunContext.parallel, renamed layout: a plugin's ``self.context.parallel`` and a
+    ``RunContext(parallel=...)`` still work, each warning at the plugin's line."""
+    import dataclasses
+
+    from ddl.contract import ParallelLayout, RunContext
+    from ddl.contract.world import World
+
+    layout = ParallelLayout(dp_shard=2)
+    world = World(rank=0, local_rank=0, size=2, device="cpu", backend="gloo")
+    with pytest.warns(ContractDeprecationWarning, match="pass layout=") as made:
+        old = RunContext(tmp_path, world, epochs=1, global_batch=8, batch_per_replica=4,
+                         parallel=layout)
+    assert made[0].filename == __file__
+    new = RunContext(tmp_path, world, layout, epochs=1, global_batch=8, batch_per_replica=4)
+    assert old == new and [f.name for f in dataclasses.fields(RunContext)][2] == "layout"
+    with pytest.warns(ContractDeprecationWarning, match="read RunContext.layout") as read:
+        assert new.parallel is layout
+    assert read[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dataclasses.replace(new, steps_per_epoch=3).layout is layout

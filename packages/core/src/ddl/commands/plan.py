@@ -161,7 +161,7 @@ def plan_layouts(spec, preset, site, gpus_per_node: int, world: int, global_batc
     workload.context = RunContext(
         data_dir=data_dir, world=World(rank=0, local_rank=0, size=world,
                                        device=torch.device("cpu"), backend="gloo"),
-        parallel=ParallelLayout(dp_shard=world), epochs=preset.epochs,
+        layout=ParallelLayout(dp_shard=world), epochs=preset.epochs,
         global_batch=global_batch, batch_per_replica=global_batch // world)
     device = planner.Device(device_kind or site.accelerator, gpus_per_node,
                             memory_bytes or site.device_memory_bytes,

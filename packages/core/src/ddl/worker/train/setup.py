@@ -138,7 +138,7 @@ def check_model_fits(strategy: Strategy, context: StrategyContext, numbers: Trai
     that way is checked by the workers instead, as before."""
     workload = context.workload
     workload.context = RunContext(data_dir=data_dir, world=context.world,
-                                  parallel=context.layout, epochs=numbers.epochs,
+                                  layout=context.layout, epochs=numbers.epochs,
                                   global_batch=numbers.global_batch,
                                   batch_per_replica=numbers.batch_per_replica)
     try:
@@ -219,12 +219,12 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
     """Build the run: model (wrapped by the strategy), optimizer, schedule, loaders.
     ``workers`` is the number of DataLoader processes per rank; ``resolved`` what the
     pre-flight worked out (the run plan's), else None."""
-    strategy, parallel, numbers = build(config, world, plugins, resolved)
-    run_mesh, dp_mesh = mesh.build(parallel.layout, world)  # the one mesh, built once
-    parallel = replace(parallel, mesh=run_mesh, dp_mesh=dp_mesh)
-    workload = parallel.workload
+    strategy, strategy_context, numbers = build(config, world, plugins, resolved)
+    run_mesh, dp_mesh = mesh.build(strategy_context.layout, world)  # the one mesh, built once
+    strategy_context = replace(strategy_context, mesh=run_mesh, dp_mesh=dp_mesh)
+    workload = strategy_context.workload
     data_dir = Path(config.data_dir)
-    context = RunContext(data_dir=data_dir, world=world, parallel=parallel.layout,
+    context = RunContext(data_dir=data_dir, world=world, layout=strategy_context.layout,
                          epochs=numbers.epochs, global_batch=numbers.global_batch,
                          batch_per_replica=numbers.batch_per_replica,
                          micro_batch=numbers.micro_batch, accumulation=numbers.accumulation)
@@ -235,7 +235,7 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                        for s in ("val", "test")})
 
     pin = world.device.type == "cuda"
-    dp_rank, dp_size = mesh.data_shard(parallel.dp_mesh)
+    dp_rank, dp_size = mesh.data_shard(strategy_context.dp_mesh)
     # The loader delivers micro-batches; an optimizer step takes `accumulation` of them.
     loader = train_loader(splits["train"], batch_size=numbers.micro_batch,
                           replicas=dp_size, rank=dp_rank, seed=config.seed,
@@ -250,12 +250,12 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
 
     seed_all(config.seed)  # identical initial weights on every rank
     with build_memory.measure(world.device) as build_peak:  # the build's own peak
-        model, parameters = _build_model(config, world, workload, strategy, parallel)
-    optimizer = strategy.prepare_optimizer(
-        workload.optimizer(_optimizer_params(model, parallel, strategy), numbers.lr), model)
+        model, parameters = _build_model(config, world, workload, strategy, strategy_context)
+    params = _optimizer_params(model, strategy_context, strategy)
+    optimizer = strategy.prepare_optimizer(workload.optimizer(params, numbers.lr), model)
     seed_all(config.seed + world.rank)  # then per-rank streams (dropout, augmentation)
 
-    precision = Precision.create(parallel.precision, world.device, tf32=config.tf32)
+    precision = Precision.create(strategy_context.precision, world.device, tf32=config.tf32)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_schedule(config, numbers,
                                                                           workload))
     val_loader, test_loader = (
@@ -263,10 +263,11 @@ def set_up(config: RunConfig, world: World, plugins: Plugins, run_dir: Path,
                     rank=dp_rank, workers=workers, pin_memory=pin, split=s)
         for s in ("val", "test"))
     return TrainingRun(config=config, world=world, run_dir=run_dir, workload=workload,
-                       strategy=strategy, context=parallel, numbers=numbers, data_dir=data_dir,
-                       splits=splits, parameters=parameters, model=model, optimizer=optimizer,
-                       scheduler=scheduler, precision=precision, workers=workers,
-                       train_loader=loader, val_loader=val_loader, test_loader=test_loader,
+                       strategy=strategy, context=strategy_context, numbers=numbers,
+                       data_dir=data_dir, splits=splits, parameters=parameters, model=model,
+                       optimizer=optimizer, scheduler=scheduler, precision=precision,
+                       workers=workers, train_loader=loader, val_loader=val_loader,
+                       test_loader=test_loader,
                        saved_tensors=None if config.compile else SavedTensorMeter(),
                        build_peak_bytes=build_peak.bytes)
 
@@ -283,16 +284,16 @@ class _First(Subset):
 
 
 def _build_model(config: RunConfig, world: World, workload: Workload, strategy: Strategy,
-                 parallel: StrategyContext) -> tuple[torch.nn.Module, int]:
+                 context: StrategyContext) -> tuple[torch.nn.Module, int]:
     """The workload's model with the block options applied and wrapped by the strategy;
     and its parameter count, taken before wrapping (a pipeline rank keeps only its own
     stages afterwards). Built on the meta device where the strategy splits the model
     (ddl.worker.build.model_build), else on the CPU; pretrained weights loaded either way."""
-    model, materializer = model_build.build(workload, strategy, parallel, world)
+    model, materializer = model_build.build(workload, strategy, context, world)
     if workload.channels_last and world.device.type == "cuda":  # before DDP's buckets
         model = model.to(memory_format=torch.channels_last)
     if config.sync_bn:  # before wrapping: strategies shard or split what they are given
-        model = sync_bn.apply(model, world, parallel.dp_mesh)
+        model = sync_bn.apply(model, world, context.dp_mesh)
     # per block unit, before wrapping: checkpointing inside, compiling around, sharding outside
     if config.activation_checkpointing != "none" or config.compile:
         units = workload.fsdp_units(model)
@@ -300,22 +301,22 @@ def _build_model(config: RunConfig, world: World, workload: Workload, strategy: 
         if config.compile:
             compiling.apply(units)
     parameters = sum(p.numel() for p in model.parameters())
-    wrapped = strategy.wrap(model, replace(parallel, materialize=materializer))
+    wrapped = strategy.wrap(model, replace(context, materialize=materializer))
     if materializer is not None:
         model_build.check_materialized(wrapped, strategy)
     return wrapped, parameters
 
 
-def _optimizer_params(model: torch.nn.Module, parallel: StrategyContext,
+def _optimizer_params(model: torch.nn.Module, context: StrategyContext,
                       strategy: Strategy) -> list:
     """The wrapped model's parameters for the workload's optimizer: as the workload groups
     them by name (``param_groups``; names as in the model build_model() returned), else all
     in one group."""
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) \
         else model  # DDP prefixes every name with "module."
-    named = [(strategy.checkpoint_name(name, parallel), param)
+    named = [(strategy.checkpoint_name(name, context), param)
              for name, param in inner.named_parameters()]
-    groups = parallel.workload.param_groups(named)
+    groups = context.workload.param_groups(named)
     params = [param for _, param in named] if groups is None else groups
     # a pipeline rank may hold only parameter-free stages (MNIST's flatten); an empty group
     # keeps its optimizer, lr schedule and checkpoint valid (torch refuses an empty list)
