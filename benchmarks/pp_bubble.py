@@ -188,7 +188,7 @@ def _worker(rank: int, settings: Settings, schedule: str, microbatches: int, por
     # CPU seconds per busy second (matmul compute only): about 1 when each stage had a core
     # to itself; well below 1 means the process waited for a core while "computing" (other
     # jobs on the machine), and the bubble reads high
-    pipe = model.pipeline  # ddl_strategies.pipeline.Pipeline: the stages' timing
+    pipe = model.pipeline  # ddl_strategies.pipeline.PipelineRunner: the stages' timing
     share = cpu / pipe.busy if pipe.busy else float("nan")
     report["cpu_per_busy_second_per_rank"] = [None] * world.size
     torch.distributed.all_gather_object(report["cpu_per_busy_second_per_rank"], share)

@@ -151,7 +151,7 @@ class MeshStrategy(Strategy):
         if p.pp == 1:
             return model
         schedule, _ = pipeline.schedule_choice(self.options)
-        runner = pipeline.Pipeline(
+        runner = pipeline.PipelineRunner(
             parts, stage_ids, n_stages, schedule=schedule, microbatches=self._microbatches(run),
             loss_fn=workload.loss, world=world, pp=p.pp, pp_group=mesh["pp"].get_group(),
             measured_steps=pipeline.bubble_steps(self.options))

@@ -123,15 +123,15 @@ def my_stage_ids(pp_rank: int, pp: int, n_stages: int) -> list[int]:
 
 
 class Stages(nn.ModuleList):
-    """What ``wrap`` returns on a pipeline rank: its stage modules, and the Pipeline that
+    """What ``wrap`` returns on a pipeline rank: its stage modules, and the PipelineRunner that
     runs them (``.pipeline``: a plain attribute, not a sub-module)."""
 
-    def __init__(self, parts: list[nn.Module], runner: Pipeline) -> None:
+    def __init__(self, parts: list[nn.Module], runner: PipelineRunner) -> None:
         super().__init__(parts)
         self.pipeline = runner
 
 
-class Pipeline:
+class PipelineRunner:
     """This rank's stages of one pipeline replica and the schedule that runs them.
 
     ``parts`` are this rank's stage modules (``my_stage_ids``), already tensor-parallel and
