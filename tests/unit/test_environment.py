@@ -153,7 +153,7 @@ DEFAULT = """\
 243 220 0:62 /builds/x /builds/x rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u
 244 220 7:1 / /opt/ref rw,relatime - squashfs /dev/loop1 ro
 """
-IN = container_inside.Container("apptainer", "/work/ddl.sif", "cpu")
+IN = container_inside.RunningContainer("apptainer", "/work/ddl.sif", "cpu")
 
 
 @pytest.mark.parametrize("mountinfo, path, lost", [
@@ -203,9 +203,9 @@ def test_outside_a_container_nothing_is_refused():
 @pytest.mark.parametrize("env, expected", [
     ({}, None),
     ({"APPTAINER_CONTAINER": "/x/a.sif", "SINGULARITY_CONTAINER": "/x/a.sif"},
-     container_inside.Container("apptainer", "/x/a.sif", None)),
+     container_inside.RunningContainer("apptainer", "/x/a.sif", None)),
     ({"SINGULARITY_CONTAINER": "/appl/l.sif", "DDL_CONTAINER_TARGET": "rocm"},
-     container_inside.Container("singularity", "/appl/l.sif", "rocm")),
+     container_inside.RunningContainer("singularity", "/appl/l.sif", "rocm")),
     ({"DDL_CONTAINER_TARGET": "cpu"}, None),  # the variable alone is not a container
 ])
 def test_container_detection_from_the_runtimes_variables(env, expected):

@@ -37,7 +37,10 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 @dataclass(frozen=True)
-class Container:
+class RunningContainer:
+    """The container this process runs in (the site profile's container settings are
+    ``ddl.settings.sites.Container``)."""
+
     runtime: str  # "apptainer" or "singularity"
     image: str
     target: str | None  # from DDL_CONTAINER_TARGET; None for images ddl did not build
@@ -46,11 +49,11 @@ class Container:
         return f"inside a container ({self.image}, target {self.target or 'unknown'})"
 
 
-def detect(environ: dict[str, str] | None = None) -> Container | None:
+def detect(environ: dict[str, str] | None = None) -> RunningContainer | None:
     env = os.environ if environ is None else environ
     for runtime, variable in RUNTIME_VARS:
         if env.get(variable):
-            return Container(runtime, env[variable], env.get(TARGET_ENV) or None)
+            return RunningContainer(runtime, env[variable], env.get(TARGET_ENV) or None)
     return None
 
 
@@ -111,7 +114,7 @@ def why_lost(path: Path, mounts: list[Mount]) -> str | None:
     return None
 
 
-def check_kept(path: Path, flag: str, container: Container | None,
+def check_kept(path: Path, flag: str, container: RunningContainer | None,
                mountinfo: str | None = None) -> None:
     """Refuse, in one line, a results path that the container would take with it."""
     if container is None:
@@ -131,7 +134,7 @@ def check_kept(path: Path, flag: str, container: Container | None,
             f"without --containall)")
 
 
-def missing_dir(path: Path, flag: str, container: Container, prepare_hint: str) -> str:
+def missing_dir(path: Path, flag: str, container: RunningContainer, prepare_hint: str) -> str:
     """The message for a directory that does not exist inside the container: it may well
     exist on the host, unbound."""
     absolute = Path(os.path.abspath(path))
