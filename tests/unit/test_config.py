@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddl.settings.batch import BatchPlan, resolve_batch
+from ddl.settings.batch import BatchSplit, resolve_batch
 from ddl.settings.config import RunConfig, build, load_config_file, scaled_lr
 from ddl.contract.errors import UsageError
 
@@ -45,15 +45,15 @@ def test_config_file_unknown_key(tmp_path):
 
 def test_batch_resolution_and_linear_scaling():
     config = RunConfig(global_batch_size=256)
-    assert resolve_batch(config, 100, 4) == BatchPlan(64, 1, 64, 256)
+    assert resolve_batch(config, 100, 4) == BatchSplit(64, 1, 64, 256)
     with pytest.raises(UsageError, match="not divisible by the 3 data-parallel replicas"):
         resolve_batch(config, 100, 3)
-    assert resolve_batch(RunConfig(), 100, 4) == BatchPlan(100, 1, 100, 400)
-    assert resolve_batch(RunConfig(batch_size=10), 100, 4) == BatchPlan(10, 1, 10, 40)
+    assert resolve_batch(RunConfig(), 100, 4) == BatchSplit(100, 1, 100, 400)
+    assert resolve_batch(RunConfig(batch_size=10), 100, 4) == BatchSplit(10, 1, 10, 40)
     # both flags: global / (batch x replicas) micro-steps per optimizer step
     both = RunConfig(batch_size=8, global_batch_size=96)
-    assert resolve_batch(both, 100, 4) == BatchPlan(8, 3, 24, 96)
-    assert resolve_batch(both, 100, 12) == BatchPlan(8, 1, 8, 96)
+    assert resolve_batch(both, 100, 4) == BatchSplit(8, 3, 24, 96)
+    assert resolve_batch(both, 100, 12) == BatchSplit(8, 1, 8, 96)
     with pytest.raises(UsageError) as info:
         resolve_batch(both, 100, 8)  # 8 x 8 = 64 does not divide 96
     assert str(info.value) == ("--global-batch-size: 96 is not a multiple of --batch-size 8 "

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchSplit:
     """How the batch flags cut one optimizer step: ``micro`` samples per replica per
     forward pass, ``accumulation`` such passes per step (gradients summed, synchronised
     once), so ``per_replica`` = micro x accumulation and ``global_`` = per_replica x dp."""
@@ -46,23 +46,23 @@ def planning_dp(world: int) -> int:
     return world
 
 
-def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> BatchPlan:
-    """The batch plan for a data-parallel degree (torchtitan's rule: the global batch and
+def resolve_batch(config: RunConfig, preset_batch: int, dp_size: int) -> BatchSplit:
+    """The batch split for a data-parallel degree (torchtitan's rule: the global batch and
     the per-replica micro-batch together imply the accumulation steps)."""
     glob, micro = config.global_batch_size, config.batch_size
     if glob is None:
         micro = micro or preset_batch
-        return BatchPlan(micro, 1, micro, global_batch(None, micro, dp_size))
+        return BatchSplit(micro, 1, micro, global_batch(None, micro, dp_size))
     if micro is None:
         if glob % dp_size:
             raise UsageError(
                 f"--global-batch-size: {glob} is not divisible by the {dp_size} "
                 f"data-parallel replicas; use a multiple of {dp_size}")
-        return BatchPlan(glob // dp_size, 1, glob // dp_size, glob)
+        return BatchSplit(glob // dp_size, 1, glob // dp_size, glob)
     step = micro * dp_size
     if glob % step:
         raise UsageError(
             f"--global-batch-size: {glob} is not a multiple of --batch-size {micro} x "
             f"{dp_size} data-parallel replica(s) = {step}, so no whole number of "
             f"micro-steps makes it; allowed: multiples of {step}")
-    return BatchPlan(micro, glob // step, glob // dp_size, glob)
+    return BatchSplit(micro, glob // step, glob // dp_size, glob)
