@@ -130,3 +130,10 @@ def test_run_context_parallel_reads_and_constructs_as_layout_with_a_warning(tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert dataclasses.replace(new, steps_per_epoch=3).layout is layout
+
+
+def test_the_kits_plan_is_check_schedule_and_the_old_name_still_imports():
+    from ddl.conformance import CheckSchedule, Plan, plan_checks
+
+    assert Plan is CheckSchedule
+    assert isinstance(plan_checks(["ddp"], frozenset()), CheckSchedule)

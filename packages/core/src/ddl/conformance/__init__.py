@@ -24,6 +24,7 @@ from typing import Any
 
 from ddl.conformance.checks import (
     CHECKS,
+    CheckSchedule,
     NotChecked,
     Plan,
     Skipped,
@@ -64,6 +65,7 @@ __all__ = [
     "DDL_COMMAND",
     "STEPS",
     "TOLERANCES",
+    "CheckSchedule",
     "ContractBroken",
     "MetaBuildReport",
     "NotChecked",
@@ -106,7 +108,7 @@ def supported_strategies(spec: Any, plugins: Any = None) -> list[str]:
 
 
 def plan_for(capabilities: frozenset[str], workload: Any, strategies: list[str],
-             checks: Any = None, plugins: Any = None) -> Plan:
+             checks: Any = None, plugins: Any = None) -> CheckSchedule:
     """plan_checks with what the installed plugins say: the strategies' ``--mesh``
     dimensions and (``workload`` given) the tp and pp degrees its model allows."""
     from ddl.contract.plugins import Plugins

@@ -59,15 +59,21 @@ class Skipped:
 
 
 @dataclass(frozen=True)
-class Plan:
+class CheckSchedule:
+    """The kit's runs for the chosen checks, and the checks it cannot run (with why)."""
+
     runs: list[Run]
     skipped: list[Skipped] = field(default_factory=list)
+
+
+#: The former name of :class:`CheckSchedule` (public in ``ddl.conformance``), kept as an alias.
+Plan = CheckSchedule
 
 
 def plan_checks(strategies: list[str], capabilities: frozenset[str] | set[str], *,
                 checks: list[str] | tuple[str, ...] | None = None,
                 mesh_dims: dict[str, frozenset[str]] | None = None,
-                degrees: dict[str, str | None] | None = None) -> Plan:
+                degrees: dict[str, str | None] | None = None) -> CheckSchedule:
     """The runs for ``checks`` (default: all of :data:`CHECKS`) of the selected
     ``strategies``. ``mesh_dims``: the ``--mesh`` dimensions each strategy takes
     (:func:`strategy_mesh_dims`; default: ``mesh`` takes all, the others none).
@@ -101,7 +107,7 @@ def plan_checks(strategies: list[str], capabilities: frozenset[str] | set[str], 
         skipped += [Skipped(c, "no strategy selected") for c in features]
     elif features:
         runs = _with_features(runs, base, capabilities, features)
-    return Plan(runs, skipped)
+    return CheckSchedule(runs, skipped)
 
 
 def plan_runs(strategies: list[str], capabilities: frozenset[str] | set[str],
