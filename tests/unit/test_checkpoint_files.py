@@ -138,7 +138,7 @@ def test_resume_refuses_a_position_beyond_this_runs_epoch(tmp_path):
         preset="tiny", steps_per_epoch=8).__dict__))
     run = SimpleNamespace(
         config=SimpleNamespace(plugin="mnist", resume="auto"), run_dir=tmp_path,
-        layout=SimpleNamespace(preset="tiny", global_batch=8, steps_per_epoch=4, epochs=2))
+        numbers=SimpleNamespace(preset="tiny", global_batch=8, steps_per_epoch=4, epochs=2))
     with pytest.raises(UsageError, match="stopped after batch 5 of epoch 1, but this run has "
                                          "4 steps per epoch"):
         resume._load(path, run)
