@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from ddl.contract.host_memory import process_bytes
+
 MIB, GIB = 1024 ** 2, 1024 ** 3
 
 #: CPU: what a training process adds beyond its model's tensors after the build began
@@ -119,14 +121,7 @@ def interpreter_bytes() -> int:
     Python, torch and ddl - what a run's process holds before its model (a run also has
     gloo and its data there: its own baseline, measured in the run, is what ``--verify``
     subtracts). Read at import, before the plan's probes add their own."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return process_bytes("VmRSS") or 0
 
 
 @dataclass(frozen=True)

@@ -26,19 +26,10 @@ from typing import Iterator
 
 import torch
 
+from ddl.contract.host_memory import process_bytes
+
 _before_reset: list[int] = [0]  # the process's peak RSS before the build's reset (bytes)
 _baseline: list[int | None] = [None]  # the resident set when the build began (bytes)
-
-
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _rusage_peak() -> int:
@@ -78,7 +69,7 @@ def measure(device: torch.device) -> Iterator[BuildPeak]:
         peak.bytes = torch.cuda.max_memory_allocated(device) - start
         return
     _before_reset[0] = max(_before_reset[0], _rusage_peak())
-    start = _status_bytes("VmRSS")
+    start = process_bytes("VmRSS")
     if _baseline[0] is None:
         _baseline[0] = start
     try:
@@ -87,6 +78,6 @@ def measure(device: torch.device) -> Iterator[BuildPeak]:
     except OSError:
         start = None
     yield peak
-    high = _status_bytes("VmHWM")
+    high = process_bytes("VmHWM")
     if start is not None and high is not None:
         peak.bytes = max(high - start, 0)
