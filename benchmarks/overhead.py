@@ -2,8 +2,10 @@
 Accelerate loop, side by side in one invocation.
 
 Same workload and preset (the plugin's model, data, loss, optimizer and batch), same
-number of processes (gloo, one thread each) and steps. Every run trains two epochs of
-``--steps`` steps and times the second (the first carries one-off costs; ddl's rule). The
+number of processes (gloo, one thread each) and steps. Every run trains ``--epochs`` epochs
+of ``--steps`` steps; its time per step is that of its median epoch after the first (the
+first carries one-off costs; ddl's rule), so one slow moment of the machine does not
+decide a run. The
 three loops run alternately, ``--rounds`` times, so a busy moment of the shared machine hits
 them alike; the ratios are of the medians of the per-step times:
 
@@ -50,19 +52,20 @@ def _torchrun(script: str, nproc: int) -> list[str]:
             str(HERE / "reference" / script)]
 
 
-def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, nproc: int,
-             work: Path) -> tuple[float, float | None]:
-    """One training of ``kind``: the time per step of its second (timed) epoch, and (ddl
-    only) the share of that epoch spent waiting for data."""
+def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, epochs: int,
+             nproc: int, work: Path) -> tuple[float, float | None]:
+    """One training of ``kind``: the time per step of its median epoch after the first,
+    and (ddl only) the share of that epoch spent waiting for data."""
     out = work / f"{kind}-{plugin}-{len(list(work.iterdir()))}"
     common = ["--plugin", plugin, "--preset", preset, "--data-dir", str(data_dir)]
     if kind == "ddl":
-        command = [DDL, "train", *common, f"--nproc={nproc}", "--epochs=2",
+        command = [DDL, "train", *common, f"--nproc={nproc}", f"--epochs={epochs}",
                    f"--steps-per-epoch={steps}", "--keep-checkpoints=0", "--workers=0",
                    f"--log-every={10 ** 6}", f"--run-dir={out}"]
     else:
         script = "plain_ddp.py" if kind == "plain" else "accelerate_loop.py"
-        command = [*_torchrun(script, nproc), *common, f"--steps={steps}", f"--out={out}.json"]
+        command = [*_torchrun(script, nproc), *common, f"--steps={steps}", f"--epochs={epochs}",
+                   f"--out={out}.json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(HERE / "reference") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -70,8 +73,9 @@ def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, np
         raise SystemExit(f"{kind} ({plugin}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     if kind == "ddl":
         results = json.loads((out / "results.json").read_text())
-        timed = results["epochs"][1]
-        return timed["time_s"] / results["steps_per_epoch"], timed["data_wait_s"] / timed["time_s"]
+        timed = results["epochs"][1:] or results["epochs"]
+        return (statistics.median(e["time_s"] for e in timed) / results["steps_per_epoch"],
+                statistics.median(e["data_wait_s"] / e["time_s"] for e in timed))
     reported = json.loads(Path(f"{out}.json").read_text())
     if kind == "accelerate" and (reported["num_processes"] != nproc
                                  or reported["wrapper"] != "DistributedDataParallel"):
@@ -93,6 +97,8 @@ def main() -> int:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    parser.add_argument("--epochs", type=int, default=6,
+                        help="epochs per run; the median of those after the first is timed")
     parser.add_argument("--nproc", type=int, default=2)
     add_data_dir_flag(parser)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -100,8 +106,8 @@ def main() -> int:
     given = given_data_dirs(parser, args.data_dir)
     kinds = ("ddl", "plain", "accelerate")
     report = {"benchmark": "overhead", "preset": args.preset, "rounds": args.rounds,
-              "steps_per_epoch": args.steps, "nproc": args.nproc, "target_ddl_over_plain":
-              TARGET, "target_data_wait_share": DATA_WAIT_TARGET, "workloads": {},
+              "steps_per_epoch": args.steps, "epochs": args.epochs, "nproc": args.nproc,
+              "target_ddl_over_plain": TARGET, "target_data_wait_share": DATA_WAIT_TARGET, "workloads": {},
               "machine": describe()}
     met = True
     with tempfile.TemporaryDirectory(prefix="ddl-overhead-") as tmp:
@@ -116,7 +122,7 @@ def main() -> int:
                 order = kinds[r % 3:] + kinds[:r % 3]  # rotate who goes first
                 for kind in order:
                     step, wait = run_once(kind, plugin, args.preset, data_dir, args.steps,
-                                          args.nproc, runs)
+                                          args.epochs, args.nproc, runs)
                     times[kind].append(step)
                     if wait is not None:
                         waits.append(wait)

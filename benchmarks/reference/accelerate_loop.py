@@ -1,5 +1,5 @@
-"""The same loop written for HF Accelerate (Accelerator(cpu=True) under torchrun), two
-epochs, the second timed; see benchmarks/overhead.py."""
+"""The same loop written for HF Accelerate (Accelerator(cpu=True) under torchrun),
+``--epochs`` epochs, those after the first timed; see benchmarks/overhead.py."""
 
 import time
 
@@ -11,7 +11,7 @@ from common import arguments, report, workload
 
 
 def train(args, accelerator: Accelerator) -> tuple[list[float], str]:
-    """Two epochs; the per-epoch times and the wrapper's class name."""
+    """``--epochs`` epochs; the per-epoch times and the wrapper's class name."""
     torch.manual_seed(args.seed)
     wl, preset = workload(args.plugin, args.preset)
     dataset = wl.datasets(args.data_dir)["train"]
@@ -20,7 +20,7 @@ def train(args, accelerator: Accelerator) -> tuple[list[float], str]:
     optimizer = wl.optimizer(model.parameters(), preset.lr)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     epoch_times = []
-    for epoch in range(2):
+    for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         model.train()
         t0 = time.perf_counter()

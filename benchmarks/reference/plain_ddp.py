@@ -1,6 +1,6 @@
 """The reference: a plain hand-written PyTorch DDP training loop in the courses' style
-(init_process_group, DistributedSampler, DDP, forward/backward/step), two epochs, the
-second timed. Started by torchrun; see benchmarks/overhead.py."""
+(init_process_group, DistributedSampler, DDP, forward/backward/step), ``--epochs``
+epochs, those after the first timed. Started by torchrun; see benchmarks/overhead.py."""
 
 import os
 import time
@@ -15,7 +15,7 @@ from common import arguments, report, workload
 
 
 def train(args) -> list[float]:
-    """Two epochs; the per-epoch times. The model and its DDP reducer die when this returns,
+    """``--epochs`` epochs; the per-epoch times. The model and its DDP reducer die when this returns,
     before the process group is destroyed (a DDP still alive at destroy_process_group
     sometimes aborts the process at exit: "terminate called without an active exception")."""
     torch.manual_seed(args.seed)
@@ -27,7 +27,7 @@ def train(args) -> list[float]:
     optimizer = wl.optimizer(model.parameters(), preset.lr)
     device = torch.device("cpu")
     epoch_times = []
-    for epoch in range(2):
+    for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
         t0 = time.perf_counter()

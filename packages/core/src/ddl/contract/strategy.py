@@ -189,7 +189,7 @@ class Strategy(ABC):
                 precision.backward(loss / len(batches) if len(batches) > 1 else loss)
             losses.append(loss.detach())
             outputs.append(out)
-        return torch.stack(losses).mean(), outputs
+        return (losses[0] if len(losses) == 1 else torch.stack(losses).mean()), outputs
 
     def check_accumulation(self, run: StrategyContext, steps: int) -> None:
         """Raise UsageError if this strategy cannot accumulate gradients over ``steps``
