@@ -53,9 +53,11 @@ def _torchrun(script: str, nproc: int) -> list[str]:
 
 
 def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, epochs: int,
-             nproc: int, work: Path) -> tuple[float, float | None]:
+             nproc: int, work: Path) -> tuple[float, dict[str, float] | None]:
     """One training of ``kind``: the time per step of its median epoch after the first,
-    and (ddl only) the share of that epoch spent waiting for data."""
+    and (ddl only) from its timed epochs' records, medians of: the share spent waiting
+    for data, and the step breakdown's ddl's own host time per step (``ddl_s``: metrics,
+    progress, the step guard; docs/measuring.md) and its share of the step."""
     out = work / f"{kind}-{plugin}-{len(list(work.iterdir()))}"
     common = ["--plugin", plugin, "--preset", preset, "--data-dir", str(data_dir)]
     if kind == "ddl":
@@ -74,8 +76,12 @@ def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, ep
     if kind == "ddl":
         results = json.loads((out / "results.json").read_text())
         timed = results["epochs"][1:] or results["epochs"]
+        per_step = [e["step_breakdown"]["per_step"] for e in timed]
         return (statistics.median(e["time_s"] for e in timed) / results["steps_per_epoch"],
-                statistics.median(e["data_wait_s"] / e["time_s"] for e in timed))
+                {"data_wait_share": statistics.median(e["data_wait_s"] / e["time_s"]
+                                                      for e in timed),
+                 "ddl_host_s": statistics.median(p["ddl_s"] for p in per_step),
+                 "ddl_share": statistics.median(p["ddl_s"] / p["step_s"] for p in per_step)})
     reported = json.loads(Path(f"{out}.json").read_text())
     if kind == "accelerate" and (reported["num_processes"] != nproc
                                  or reported["wrapper"] != "DistributedDataParallel"):
@@ -117,15 +123,15 @@ def main() -> int:
             runs = work / plugin
             runs.mkdir()
             times: dict[str, list[float]] = {k: [] for k in kinds}
-            waits: list[float] = []
+            ddl_numbers: list[dict[str, float]] = []
             for r in range(args.rounds):
                 order = kinds[r % 3:] + kinds[:r % 3]  # rotate who goes first
                 for kind in order:
-                    step, wait = run_once(kind, plugin, args.preset, data_dir, args.steps,
-                                          args.epochs, args.nproc, runs)
+                    step, numbers = run_once(kind, plugin, args.preset, data_dir, args.steps,
+                                             args.epochs, args.nproc, runs)
                     times[kind].append(step)
-                    if wait is not None:
-                        waits.append(wait)
+                    if numbers is not None:
+                        ddl_numbers.append(numbers)
                 print(f"{plugin} round {r + 1}: " + ", ".join(
                     f"{k} {times[k][-1] * 1e3:.1f} ms/step" for k in kinds), flush=True)
             median = {k: statistics.median(v) for k, v in times.items()}
@@ -136,7 +142,13 @@ def main() -> int:
                    # reaches (a verdict within that spread is not a measurement)
                    "ddl_over_plain_per_round": [d / p for d, p in zip(times["ddl"],
                                                                       times["plain"])],
-                   "data_wait_share": waits, "median_data_wait_share": statistics.median(waits)}
+                   "data_wait_share": [n["data_wait_share"] for n in ddl_numbers],
+                   "median_data_wait_share": statistics.median(
+                       n["data_wait_share"] for n in ddl_numbers),
+                   # ddl's own host time per step (its step breakdown), per round
+                   "ddl_host_s": [n["ddl_host_s"] for n in ddl_numbers],
+                   "median_ddl_host_s": statistics.median(n["ddl_host_s"] for n in ddl_numbers),
+                   "median_ddl_share": statistics.median(n["ddl_share"] for n in ddl_numbers)}
             row["met"] = row["ddl_over_plain"] <= TARGET and (
                 plugin not in DATA_WAIT_HELD or row["median_data_wait_share"] < DATA_WAIT_TARGET)
             met &= row["met"]
@@ -145,7 +157,9 @@ def main() -> int:
                   f"{'met' if row['met'] else 'MISSED'}; per round "
                   f"{min(row['ddl_over_plain_per_round']):.2f}-"
                   f"{max(row['ddl_over_plain_per_round']):.2f}), ddl/accelerate "
-                  f"{row['ddl_over_accelerate']:.3f}, data wait "
+                  f"{row['ddl_over_accelerate']:.3f}, ddl's own host time "
+                  f"{row['median_ddl_host_s'] * 1e6:.0f} us a step "
+                  f"({row['median_ddl_share']:.1%}), data wait "
                   f"{row['median_data_wait_share']:.1%}"
                   + (f" (target < {DATA_WAIT_TARGET:.0%})" if plugin in DATA_WAIT_HELD else ""),
                   flush=True)
