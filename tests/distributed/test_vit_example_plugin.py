@@ -1,6 +1,7 @@
-"""The ViT example plugin (docs/examples/ddl-vit-plugin) through real `ddl train` runs:
-fsdp, tp and pp on 2 processes each end with the weights one process trains, tensor for
-tensor (the per-tensor rule: AdamW).
+"""The ViT example plugin (docs/examples/ddl-vit-plugin) trained by ddl's worker: fsdp, tp
+and pp on 2 processes each end with the weights one process trains, tensor for tensor (the
+conformance kit's per-tensor rule, AdamW, with its noise reference: one process over the
+same global batch in 4 micro-batches).
 
 Its model is initialised the timm way (nn.init.trunc_normal_ for the class token, the
 positions and every Linear weight), which ddl builds on the meta device under these
@@ -8,9 +9,12 @@ layouts and must replay exactly (ddl.worker.build.deferred_init; before issue 49
 let trunc_normal_ skip meta tensors, all three ended 567 % off one process in
 blocks.0.attn.v.weight). Installed as a third party
 ships a plugin (a dist-info with the `ddl` entry point `vit` on PYTHONPATH), as
-tests/distributed/test_conformance_tp.py installs the GPT example. 4 launches, 2 at a
-time: one process, then fsdp, tp and pp; no other check of the kit, to keep CI short (35 s
-on the 2-core development machine at load 5).
+tests/distributed/test_conformance_tp.py installs the GPT example. The runs are the ones
+the kit's check_strategies(["fsdp", "tp", "pp"], checks=["strategies"]) makes (the same
+flags, 3 steps at seed 7), each the run plan `ddl train` makes trained on a rank pool of 1
+or 2 (tests/rankpool.py, pool_train.py) instead of a launch: 5 launches took 88 s of CI on
+2 workers, nearly all process start-up. The kit's launches themselves:
+tests/distributed/test_conformance_faults.py and test_conformance_tp.py.
 """
 
 from __future__ import annotations
@@ -36,16 +40,60 @@ def installed(tmp_path_factory):
                           entry="vit")["PYTHONPATH"]
 
 
-def test_fsdp_tp_and_pp_train_the_weights_of_one_process(installed, tmp_path, monkeypatch):
+def vit_cell(plan, site: str) -> dict | None:
+    """Every rank of the pool: ddl's worker training with the plugin importable, as the
+    `ddl train` workers have it (then not left behind); rank 0 returns model.pt."""
+    import importlib
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from ddl.contract.plugins import Plugins
+    from ddl.contract.world import World
+    from ddl.settings import rundir
+    from ddl.worker.train.trainer import train
+
+    path, modules = list(sys.path), set(sys.modules)
+    sys.path.insert(0, site)
+    importlib.invalidate_caches()
+    try:
+        rank = dist.get_rank()
+        world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),
+                      device=torch.device("cpu"), backend="gloo")
+        train(plan, world, Plugins())  # a discovery of its own: the pool's lacks the plugin
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if name.startswith(("ddl_vit", "ddl_vit_example")):
+                del sys.modules[name]
+    return torch.load(plan.run_dir / rundir.MODEL, weights_only=True) if rank == 0 else None
+
+
+def test_fsdp_tp_and_pp_train_the_weights_of_one_process(installed, tmp_path, monkeypatch,
+                                                         rank_pools):
+    from pool_train import prepare
+
     from ddl import conformance
+    from ddl.conformance.runs import GLOBAL_BATCH, NOISE_MICROBATCHES
     from ddl.contract.plugins import Plugins
 
-    monkeypatch.syspath_prepend(installed)  # the plugin here and in the `ddl train`s
-    monkeypatch.setenv("PYTHONPATH", installed)
+    monkeypatch.syspath_prepend(installed)  # the plugin here (data, run plans)
     spec = Plugins().workload("vit")
     data_dir = tmp_path / "data"
     spec.create(spec.presets["tiny"]).prepare(data_dir, synthetic=True)
-    skipped = conformance.check_strategies("vit", data_dir, tmp_path,
-                                           ["fsdp", "tp", "pp"], "tiny",
-                                           checks=["strategies"])
-    assert skipped == []
+    common = ["--plugin", "vit", "--preset", "tiny", "--global-batch-size", str(GLOBAL_BATCH),
+              "--data-dir", str(data_dir), *conformance.STEPS]
+
+    def trained(name: str, nproc: int, *args: str) -> dict:
+        plan = prepare([*args, *common], tmp_path / name, nproc)
+        return rank_pools[nproc].run(vit_cell, plan, installed, timeout_s=300)[0]
+
+    one = trained("one-process", 1)
+    noise = trained("noise", 1, "--batch-size", str(GLOBAL_BATCH // NOISE_MICROBATCHES))
+    for strategy in ("fsdp", "tp", "pp"):
+        got = trained(strategy, 2, "--strategy", strategy)
+        try:
+            conformance.assert_same_weights(got, one, adam=True, noise=noise)
+        except AssertionError as exc:
+            raise AssertionError(f"{strategy}: {exc}") from None

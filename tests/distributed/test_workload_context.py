@@ -4,6 +4,12 @@ around it.
 
 The plugin is installed the way third parties ship one (a dist-info with a `ddl` entry
 point on PYTHONPATH): the example workload, recording what it was told to a file per rank.
+Each run is ddl's worker training on a rank pool of 2 (tests/rankpool.py, pool_train.py:
+the run plan `ddl train` makes, then ddl.worker.train.trainer.train in 2 processes of one
+gloo group): the context is made there, not by the launcher, and the pool spares each
+strategy a fresh interpreter and a rendezvous (a `ddl train` with the plugin on PYTHONPATH
+cannot be forked from the test's fork server: tests/cli_fork.py). The launcher's own
+path is tests/distributed/test_run_plan.py and the other CLI tests.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import json
 
 import pytest
 
-from conftest import REPO, install_plugin, run_ddl
+from conftest import REPO, install_plugin
 
 pytestmark = pytest.mark.distributed
 
@@ -60,25 +66,65 @@ def ddl_register_workloads():
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
+    """The plugin's site and its synthetic data (what `ddl prepare --synthetic` writes)."""
+    from ddl.contract.plugins import Plugins
+
     root = tmp_path_factory.mktemp("told")
     src = REPO / "docs" / "examples" / "ddl-example-plugin" / "src"
-    env = install_plugin(root / "site", "ddl_told", PLUGIN.format(src=str(src)), entry="told")
-    proc = run_ddl("prepare", "--plugin", "told", "--synthetic", "--data-dir",
-                   str(root / "data"), env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return env, root / "data"
+    site = install_plugin(root / "site", "ddl_told", PLUGIN.format(src=str(src)),
+                          entry="told")["PYTHONPATH"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(site)
+        spec = Plugins().workload("told")
+        spec.create(spec.presets["tiny"]).prepare(root / "data", synthetic=True)
+    return site, root / "data"
+
+
+def told_cell(plan, site: str, seen: str) -> None:
+    """Every rank of the pool: ddl's worker training with the plugin importable and
+    SEEN_DIR set, as the `ddl train` workers would have them; then neither is left behind
+    for the pool's next cell."""
+    import importlib
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from ddl.contract.plugins import Plugins
+    from ddl.contract.world import World
+    from ddl.worker.train.trainer import train
+
+    path, modules = list(sys.path), set(sys.modules)
+    sys.path.insert(0, site)
+    os.environ["SEEN_DIR"] = seen
+    importlib.invalidate_caches()
+    try:
+        rank = dist.get_rank()
+        world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),
+                      device=torch.device("cpu"), backend="gloo")
+        train(plan, world, Plugins())  # a discovery of its own: the pool's lacks the plugin
+    finally:
+        sys.path[:] = path
+        os.environ.pop("SEEN_DIR", None)
+        for name in set(sys.modules) - modules:
+            if name.startswith(("ddl_told", "ddl_example")):
+                del sys.modules[name]
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_context_and_named_groups_under_wrapping_strategies(tmp_path, installed, strategy):
-    env, data = installed
+def test_context_and_named_groups_under_wrapping_strategies(tmp_path, installed, strategy,
+                                                             rank_pools, monkeypatch):
+    from pool_train import prepare
+
+    site, data = installed
     seen = tmp_path / "seen"
     seen.mkdir()
-    proc = run_ddl("train", "--plugin", "told", "--preset", "tiny", "--nproc", "2",
-                   "--strategy", strategy, "--epochs", "2", "--steps-per-epoch", "3",
-                   "--data-dir", str(data), "--run-dir", str(tmp_path / "run"),
-                   env={**env, "SEEN_DIR": str(seen)}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    monkeypatch.syspath_prepend(site)  # the run plan finds the plugin, as `ddl train` would
+    plan = prepare(["--plugin", "told", "--preset", "tiny", "--strategy", strategy,
+                    "--epochs", "2", "--steps-per-epoch", "3", "--data-dir", str(data)],
+                   tmp_path / "run", 2)
+    rank_pools[2].run(told_cell, plan, site, str(seen), timeout_s=300)
     for rank in (0, 1):
         told = json.loads((seen / f"rank{rank}.json").read_text())
         # names as in the model build_model() returned: no DDP "module." prefix
