@@ -32,28 +32,64 @@ def _kit(out_dir, *args, timeout=400):
     return proc, json.loads(written[0].read_text()), written[0].with_suffix(".md").read_text()
 
 
+# What the end-to-end run selects (`--only`; environment, matmul-peak and the data come
+# along): ddl's course run and its peer, round 1. The rest of the CPU subset
+# (checks.CPU_SUBSET: fsdp-mnist-bf16, loader-pinned, profile-mnist and their prepare-mnist)
+# cost ~50 of its ~95 CPU s (2026-11-29, 2 cores) and is covered in process below and by
+# tests/distributed/test_equivalence_matrix.py (FSDP, bf16) and test_profile.py (--profile).
+SELECTED = ("course-mnist-bf16-r1", "peer-mnist-bf16-r1")
+RUNS = {"environment", "matmul-peak", "prepare-mnist-bench", *SELECTED}
+
+
 def test_cpu_mode_end_to_end(tmp_path):
-    """One run of the kit (~80 s on 2 cores), checked three ways below; one test, so that
-    pytest-xdist cannot run the kit once per worker."""
-    proc, doc, summary = _kit(tmp_path / "out", "--work", str(tmp_path / "work"))
+    """One run of the kit (~45 CPU s on 2 cores), checked several ways below; one test, so
+    that pytest-xdist cannot run the kit once per worker."""
+    only = [arg for name in SELECTED for arg in ("--only", name)]
+    proc, doc, summary = _kit(tmp_path / "out", "--work", str(tmp_path / "work"), *only)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _runs_its_subset_and_lists_every_gpu_check(doc, summary)
     _training_checks_report_what_ran_and_the_measurements(doc)
+    _the_loader_probe_on_the_kits_data(tmp_path / "work" / "data" / "mnist-bench")
     _the_validator_rejects_broken_documents(doc)
     _gpu_verdicts_from_a_gpu_shaped_results_file(tmp_path / "work" / "runs")
     _ddl_beside_its_peer(doc, summary, tmp_path / "work" / "logs")
+
+
+def test_cpu_mode_without_only_runs_the_cpu_subset(tmp_path):
+    """What the CPU mode runs when nothing narrows it (the kit's decisions, in process: the
+    end-to-end test above selects a part of it): the CPU subset, and the rest skipped with
+    its reason."""
+    import argparse
+
+    import gpu_check
+
+    args = argparse.Namespace(cpu=True, work=tmp_path, budget=300.0, only=None, rounds=None,
+                              install=False)
+    kit = gpu_check.Kit(args)
+    kit.status = {"environment": "ok", **{c.name: "ok" for c in kit.plan
+                                          if c.kind == "prepare"}}
+    why = {c.name: kit.why_not(c) for c in kit.plan}
+    assert {name for name, reason in why.items() if reason is None} == checks.CPU_SUBSET
+    assert "needs a GPU" in why["tiny-xsum-fp16"]
+    assert "GPU only" in why["batch-search-cifar"]
+    assert "not in the CPU subset" in why["tiny-mnist-bf16"]
+    assert "no --install" in why["install"]
+    # a prepare that did not succeed skips what reads its data
+    kit.status["prepare-mnist"] = "fail"
+    assert "prepare-mnist did not succeed" in kit.why_not(
+        next(c for c in kit.plan if c.name == "fsdp-mnist-bf16"))
 
 
 def _runs_its_subset_and_lists_every_gpu_check(doc, summary):
     assert report.validate(doc) == []
     by_name = {c["name"]: c for c in doc["checks"]}
     # the same checks as the GPU mode (at the same rounds), in the same order; the CPU
-    # runs its subset only
+    # runs what --only selected (and what comes along with it) only
     assert doc["rounds"] == 1
     assert list(by_name) == [c.name for c in checks.plan(gpu=True, rounds=1)]
-    assert {n for n, c in by_name.items() if c["status"] == "ok"} == checks.CPU_SUBSET
-    assert "needs a GPU" in by_name["tiny-xsum-fp16"]["note"]
-    assert "GPU only" in by_name["batch-search-cifar"]["note"]
+    assert {n for n, c in by_name.items() if c["status"] == "ok"} == RUNS
+    assert RUNS <= checks.CPU_SUBSET
+    assert "not selected by --only" in by_name["fsdp-mnist-bf16"]["note"]
     assert doc["mode"] == "cpu" and doc["site"] == "mn5-acc"  # its peak, with --device cpu
     for name, check in by_name.items():
         assert f"| {name} | {check['status']} |" in summary
@@ -63,26 +99,32 @@ def _training_checks_report_what_ran_and_the_measurements(doc):
     by_name = {c["name"]: c for c in doc["checks"]}
     peak = by_name["matmul-peak"]["numbers"]["peak_flops"]
     assert peak > 1e8  # any CPU does more than 0.1 GFLOP/s on one thread
-    fsdp = by_name["fsdp-mnist-bf16"]["numbers"]
-    assert (fsdp["strategy"], fsdp["precision"], fsdp["backend"], fsdp["device"]) == \
-        ("fsdp", "bf16", "gloo", "cpu")
-    for name in ("fsdp-mnist-bf16", "course-mnist-bf16-r1", "profile-mnist"):
-        n = by_name[name]["numbers"]
-        assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
-        assert n["mfu_vs_measured_peak"] == pytest.approx(n["achieved_flops_per_device"] / peak)
-        # a CPU run is not measured against the GPU site's peak (ddl.worker.mfu.site_peak:
-        # "MFU 0.0 %" said nothing); on a GPU both are numbers
-        assert n["profile_peak_flops"] is None and n["mfu_vs_profile_peak"] is None
-        assert 0 < n["model_state_bytes"] < n["peak_rss_bytes"]
-    course = by_name["course-mnist-bf16-r1"]["numbers"]
-    assert course["preset"] == "course"
+    assert by_name["environment"]["numbers"]["gloo_available"] is True
+    n = by_name["course-mnist-bf16-r1"]["numbers"]
+    assert (n["strategy"], n["precision"], n["backend"], n["device"]) == \
+        ("ddp", "bf16", "gloo", "cpu")
+    assert n["samples_per_s"] > 0 and 0 <= n["data_wait_share"] <= 1
+    assert n["mfu_vs_measured_peak"] == pytest.approx(n["achieved_flops_per_device"] / peak)
+    # a CPU run is not measured against the GPU site's peak (ddl.worker.mfu.site_peak:
+    # "MFU 0.0 %" said nothing); on a GPU both are numbers
+    assert n["profile_peak_flops"] is None and n["mfu_vs_profile_peak"] is None
+    assert 0 < n["model_state_bytes"] < n["peak_rss_bytes"]
+    assert n["preset"] == "course"
     # `ddl plan`'s prediction beside the measurement (on a CPU: model state + activations)
-    assert course["plan_predicted_bytes"] > 0 and course["plan_measured_bytes"] > 0
-    assert course["plan_measured_over_predicted"] == pytest.approx(
-        course["plan_measured_bytes"] / course["plan_predicted_bytes"])
-    assert by_name["profile-mnist"]["numbers"]["profile_op_time_s"] > 0
-    loader = by_name["loader-pinned"]["numbers"]
-    assert loader["unpinned_batches_per_s"] > 0 and loader["unpinned_arrived_pinned"] is False
+    assert n["plan_predicted_bytes"] > 0 and n["plan_measured_bytes"] > 0
+    assert n["plan_measured_over_predicted"] == pytest.approx(
+        n["plan_measured_bytes"] / n["plan_predicted_bytes"])
+
+
+def _the_loader_probe_on_the_kits_data(data_dir):
+    """loader-pinned's probe (gpu_kit/probes.py loader), in process on the data the kit
+    prepared: on a CPU unpinned only, and its batches arrive pageable."""
+    from gpu_kit import probes
+
+    loader = probes.loader("cpu", "mnist", "tiny", str(data_dir), workers=0, batches=3)
+    assert loader["unpinned_batches"] == 3 and loader["unpinned_batches_per_s"] > 0
+    assert loader["unpinned_arrived_pinned"] is False and "pinned_batches" not in loader
+    assert loader["unpinned_copy_gb_per_s"] is None or loader["unpinned_copy_gb_per_s"] > 0
 
 
 def _the_validator_rejects_broken_documents(doc):
@@ -120,13 +162,25 @@ def test_budget_and_timeouts_turn_into_skipped_and_failed_checks(tmp_path):
 
 def test_install_without_carried_wheels_fails_in_its_check(tmp_path):
     """--install against an empty wheel folder: the check fails naming the fix, and the
-    development venv is never touched (pip does not run)."""
-    proc, doc, _ = _kit(tmp_path / "out", "--install", "--only", "install",
-                        "--wheels", str(tmp_path / "no-wheels"), timeout=60)
-    assert proc.returncode == 1
-    install = doc["checks"][0]
+    development venv is never touched (pip does not run: no install log). In process: the
+    kit as a subprocess also ran the environment and matmul probes that come along with
+    --only (13 s); a failed check's exit code 1 is test_budget_and_timeouts_... 's."""
+    import gpu_check
+
+    args = gpu_check.parse(["--cpu", "--install", "--only", "install", "--wheels",
+                            str(tmp_path / "no-wheels"), "--work", str(tmp_path / "work")])
+    kit = gpu_check.Kit(args)
+    check = kit.plan[0]
+    assert check.name == "install" and kit.why_not(check) is None  # --install selects it
+    install = kit.one(check)
     assert install["name"] == "install" and install["status"] == "fail"
     assert "--fetch-wheels" in install["error_tail"]
+    assert not (tmp_path / "work" / "logs" / "install.log").exists()
+    document = {"kit": "gpu_check", "schema_version": 2, "mode": "cpu", "started_at": "",
+                "finished_at": "", "wall_s": 0, "budget_s": 300, "per_run_timeout_s": 120,
+                "site": "mn5-acc", "device": {}, "machine": {}, "command": [],
+                "checks": [install], "counts": {"ok": 0, "fail": 1, "skipped": 0}}
+    assert report.validate(document) == []  # a failed check's record as the schema says
 
 
 def _ddl_beside_its_peer(doc, summary, logs):
@@ -189,6 +243,25 @@ def _gpu_verdicts_from_a_gpu_shaped_results_file(runs):
     }
     for needle, change in wrong.items():
         assert any(needle in p for p in verdict(change)[1]), needle
+
+    # the CPU subset's other training checks (not run above) on the same file: an FSDP
+    # check given a DDP run; a profiled check, with and without its trace on disk
+    plan = {c.name: c for c in checks.plan(gpu=True)}
+    path = runs / "gpu-shaped.json"
+    path.write_text(json.dumps(real))
+    _, problems = checks.evaluate_train(plan["fsdp-mnist-bf16"], path, gpu=True,
+                                        matmul_peak=1e15, nvml_peak=None, nvml_baseline=None)
+    assert any("strategy is ddp, expected fsdp" in p for p in problems), problems
+    path.write_text(json.dumps({**real, "profile": [{"rank": 0, "trace": "trace-rank0.json",
+                                                      "op_time_s": 0.25}]}))
+
+    def profiled():
+        return checks.evaluate_train(plan["profile-mnist"], path, gpu=True, matmul_peak=1e15,
+                                     nvml_peak=None, nvml_baseline=None)
+    assert any("--profile wrote no trace" in p for p in profiled()[1])
+    (runs / "trace-rank0.json").write_text("{}")
+    numbers, problems = profiled()
+    assert problems == [] and numbers["profile_op_time_s"] == 0.25
 
 
 def test_only_brings_the_environment_peak_and_the_workloads_data_along(tmp_path):
