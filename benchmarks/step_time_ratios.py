@@ -36,6 +36,9 @@ load average (before and after) are recorded.
 
     .venv/bin/python benchmarks/step_time_ratios.py              # ~10 minutes on 2 cores
     .venv/bin/python benchmarks/step_time_ratios.py --rounds 1 --steps 10 --workloads mnist
+    # the test's: the device and links measured once, all-reduce only, 0.1 s busy samples
+    .venv/bin/python benchmarks/step_time_ratios.py --workloads mnist --rounds 1 --steps 3 \
+        --ranks 1,2 --measure-once --link-ops all_reduce --busy-sample 0.1
 """
 
 from __future__ import annotations
@@ -63,14 +66,16 @@ PY = sys.executable
 DDL = str(Path(PY).with_name("ddl"))
 
 
-#: --wait-quiet: how long each measurement may wait for a quiet machine; what it found
-QUIET = {"wait_s": 0.0, "busy_at_start": []}
+#: --wait-quiet: how long each measurement may wait for a quiet machine; what it found;
+#: --busy-sample: over how long the CPUs' busy share is sampled before each measurement
+QUIET = {"wait_s": 0.0, "busy_at_start": [], "sample_s": 1.0}
 
 
 def quiet() -> None:
     """Before a measurement: wait (up to --wait-quiet) for the CPUs to be idle; record how
     busy they were when it started."""
-    busy = wait_quiet(QUIET["wait_s"]) if QUIET["wait_s"] else cpu_busy(1.0)
+    busy = (wait_quiet(QUIET["wait_s"]) if QUIET["wait_s"]
+            else cpu_busy(QUIET["sample_s"]))
     QUIET["busy_at_start"].append(round(busy, 3))
 
 
@@ -149,14 +154,18 @@ def best_device(measured: list[dict], cores: int) -> dict:
             "measurements": measured}
 
 
-def measure_links(ranks: tuple[int, ...]) -> dict[int, dict]:
+def measure_links(ranks: tuple[int, ...], ops: tuple[str, ...] | None = None
+                  ) -> dict[int, dict]:
+    """``ddl doctor --collectives``'s probe between n processes, n > 1: every operation, or
+    ``ops`` (the model reads the all-reduce's fit only)."""
     from ddl.commands import collective_probe
 
     out = {}
     for n in ranks:
         if n > 1:
             quiet()
-            out[n] = collective_probe.measure(n, "gloo")
+            out[n] = (collective_probe.measure(n, "gloo", ops=ops) if ops
+                      else collective_probe.measure(n, "gloo"))
     return out
 
 
@@ -254,6 +263,15 @@ def main() -> int:
                         help="before each measurement wait up to this long for the CPUs "
                         "to be < 10 %% busy (others' work on a shared machine skews every "
                         "time, most of all a rank's second thread)")
+    parser.add_argument("--busy-sample", type=float, default=None, metavar="SECONDS",
+                        help="sample the CPUs' busy share over this long before each "
+                        "measurement (default 1 s, 3 s at the start; without --wait-quiet)")
+    parser.add_argument("--measure-once", action="store_true",
+                        help="measure the device and the links at the start only, not "
+                        "again after each workload (the tests: a link probe is ~25 CPU s)")
+    parser.add_argument("--link-ops", default=None, metavar="OPS",
+                        help="collectives the link probe times, comma-separated (default: "
+                        "all of ddl doctor --collectives's; the model uses all_reduce)")
     args = parser.parse_args()
     global RANKS
     try:
@@ -263,10 +281,22 @@ def main() -> int:
     if len(RANKS) < 2 or RANKS[0] != 1:
         parser.error(f"--ranks {args.ranks!r}: allowed: two or more counts, 1 among them, "
                      "e.g. 1,2,4")
+    link_ops = None
+    if args.link_ops is not None:
+        from ddl.planning.step_time_model import OPS
+
+        link_ops = tuple(op for op in args.link_ops.split(",") if op)
+        if "all_reduce" not in link_ops or not set(link_ops) <= set(OPS):
+            parser.error(f"--link-ops {args.link_ops!r}: allowed: {', '.join(OPS)}, "
+                         "all_reduce among them")
+    if args.busy_sample is not None and args.busy_sample <= 0:
+        parser.error(f"--busy-sample must be above 0 (got {args.busy_sample})")
     given = given_data_dirs(parser, args.data_dir)
     cores = len(os.sched_getaffinity(0))
     QUIET["wait_s"] = args.wait_quiet
-    busy = cpu_busy()
+    if args.busy_sample is not None:
+        QUIET["sample_s"] = args.busy_sample
+    busy = cpu_busy(args.busy_sample or 3.0)
     report = {"benchmark": "step_time_ratios", "preset": args.preset, "rounds": args.rounds,
               "steps_per_epoch": args.steps, "ranks": list(RANKS), "tolerance": TOLERANCE,
               "cores": cores, "model": "ddl.planning.step_time_model (docs/plan.md, Step time)",
@@ -274,7 +304,7 @@ def main() -> int:
     print(f"machine: {report['machine']['cpu']}, {cores} cores, load "
           f"{report['machine']['load_average']}, CPUs {busy:.0%} busy", flush=True)
     devices = [measure_device(cores)]
-    link_runs = [measure_links(RANKS)]
+    link_runs = [measure_links(RANKS, link_ops)]
     met = True
     rows: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory(prefix="ddl-step-time-") as tmp:
@@ -301,8 +331,9 @@ def main() -> int:
                 print(f"{plugin} round {r + 1}: " + ", ".join(
                     f"{n} ranks {measured[n][-1] * 1e3:.1f} ms" for n in RANKS), flush=True)
             rows[plugin] = (batch, cal, measured, loads)
-            devices.append(measure_device(cores))
-            link_runs.append(measure_links(RANKS))
+            if not args.measure_once:
+                devices.append(measure_device(cores))
+                link_runs.append(measure_links(RANKS, link_ops))
     links = best_links(link_runs)
     report["links"] = {str(n): m for n, m in links.items()}
     for n, m in links.items():
@@ -341,6 +372,9 @@ def main() -> int:
     report["machine_after"] = {"load_average": describe()["load_average"]}
     report["cpu_busy_before_each_measurement"] = QUIET["busy_at_start"]
     report["wait_quiet_s"] = args.wait_quiet
+    report["busy_sample_s"] = QUIET["sample_s"]
+    report["measure_once"] = args.measure_once
+    report["link_ops"] = sorted(next(iter(links.values()))["seconds"])
     report["met"] = met
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
