@@ -147,24 +147,28 @@ def _median_time(fn: Callable[[], None], repeats: int = REPEATS) -> float:
     return statistics.median(times)
 
 
-def real_batch(workload, data_dir: Path, size: int):
-    """``size`` training samples as a run's ``to_device`` gives them on the CPU."""
+def real_batch(workload, data_dir: Path, size: int, train: Any = None):
+    """``size`` training samples as a run's ``to_device`` gives them on the CPU (from
+    ``train``, the training set, when the caller has read it already)."""
     import torch
     from torch.utils.data import DataLoader
 
     from ddl.planning.plan_probe import tile_batch
 
-    train = workload.datasets(data_dir)["train"]
+    if train is None:
+        train = workload.datasets(data_dir)["train"]
     first = next(iter(DataLoader(train, batch_size=min(size, len(train)), shuffle=False)))
     return workload.to_device(tile_batch(first, size), torch.device("cpu"))
 
 
 def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
-                   sizes: tuple[int, int], param_bytes: int) -> dict[str, Any] | None:
+                   sizes: tuple[int, int], param_bytes: int, train: Any = None
+                   ) -> dict[str, Any] | None:
     """The workload's measured costs on one thread (module docstring), or None when its
     model is too big to build here. ``{"stages": {pp: [(pass_s, sample_s), ...]},
     "optimizer_s": s, "param_bytes": n, "sizes": (a, b)}``; ``sample_s`` per sample of a
-    pass, ``pass_s`` the pass's part that does not grow with the samples."""
+    pass, ``pass_s`` the pass's part that does not grow with the samples. ``train``: the
+    workload's training set if the caller holds it (else read once here)."""
     if param_bytes > MAX_CALIBRATED_BYTES:
         return None
     import torch
@@ -175,8 +179,10 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
         torch.manual_seed(0)
         model = workload.build_model()
         model.train()
+        if train is None:
+            train = workload.datasets(data_dir)["train"]
         small, big = sizes
-        batches = {n: real_batch(workload, data_dir, n) for n in (small, big)}
+        batches = {n: real_batch(workload, data_dir, n, train) for n in (small, big)}
         stages_out: dict[int, list[tuple[float, float]]] = {}
         for pp in pipeline_degrees:
             stages = [model] if pp == 1 else workload.pipeline_stages(copy.deepcopy(model),
@@ -201,21 +207,23 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
                 p.grad.zero_()  # shapes alike, only the time matters here
 
         optimizer_s = _median_time(opt_step)
-        data = _data_costs(workload, data_dir, sizes)
+        data = _data_costs(workload, data_dir, sizes, train)
     finally:
         torch.set_num_threads(previous)
     return {"stages": stages_out, "optimizer_s": optimizer_s, "param_bytes": param_bytes,
             "data": data, "sizes": list(sizes)}
 
 
-def _data_costs(workload, data_dir: Path, sizes: tuple[int, int]) -> tuple[float, float]:
+def _data_costs(workload, data_dir: Path, sizes: tuple[int, int], train: Any = None
+                ) -> tuple[float, float]:
     """(per batch, per sample) seconds of fetching a training batch as a rank does with
     ``--workers 0`` (the loader's indexing and collation, then ``to_device`` on the CPU):
     a line through the median times at the two sizes."""
     import torch
     from torch.utils.data import DataLoader
 
-    train = workload.datasets(data_dir)["train"]
+    if train is None:
+        train = workload.datasets(data_dir)["train"]
     times = {}
     for n in sizes:
         loader = DataLoader(train, batch_size=min(n, len(train)), shuffle=True,

@@ -366,16 +366,19 @@ def tile_batch(batch: Any, size: int) -> Any:
     return tree_map(tile, batch)
 
 
-def sample_batch(workload: Workload, data_dir, size: int, *, longest: bool = True
-                 ) -> tuple[Any, Any]:
+def sample_batch(workload: Workload, data_dir, size: int, *, longest: bool = True,
+                 train: Any = None) -> tuple[Any, Any]:
     """A micro-batch of ``size`` training samples from the workload's data, as its
     ``to_device`` gives it, then moved to the meta device. ``longest``: a workload that
     trims each batch to its content (``trim_batches``, xsum: to the longest sequence) is
     asked for it untrimmed, at the preset's full lengths - the largest batch it can
-    deliver, so what is predicted from it is a bound no batch exceeds."""
+    deliver, so what is predicted from it is a bound no batch exceeds. ``train``: the
+    workload's training set when the caller holds it already (else read from
+    ``data_dir``: xsum tokenizes every article there, each time)."""
     from torch.utils.data import DataLoader
 
-    train = workload.datasets(data_dir)["train"]
+    if train is None:
+        train = workload.datasets(data_dir)["train"]
     first = next(iter(DataLoader(train, batch_size=min(size, len(train)), shuffle=False)))
     return device_batch(workload, tile_batch(first, size), trim=not longest)
 

@@ -105,7 +105,8 @@ class Planner:
         sizes = (2, max(min(biggest, 64), 3))
         param_bytes = sum(p.itemsize * _numel(p.shape) for p in self.model.parameters())
         self.cpu_costs = cpu_calibration.workload_costs(
-            self.workload, self.batch_source, degrees, sizes, param_bytes)
+            self.workload, self.batch_source, degrees, sizes, param_bytes,
+            train=self._train())
         return self.cpu_costs
 
     def _compute(self) -> stm.Compute | None:
@@ -155,9 +156,19 @@ class Planner:
         return states, full, held
 
     @cache  # noqa: B019
+    def _train(self) -> Any:
+        """The workload's training set, read once per plan: every probe's batch is its
+        first samples (xsum's datasets() tokenizes every article: a T5 plan read it ~40
+        times, a quarter of its time)."""
+        return self.workload.datasets(self.batch_source)["train"]
+
+    def _batch(self, size: int) -> tuple[Any, Any]:
+        return probe.sample_batch(self.workload, self.batch_source, size, train=self._train())
+
+    @cache  # noqa: B019
     def recompute(self) -> dict[str, float]:
         """Share of the forward FLOPs each checkpointing mode recomputes (plan_probe)."""
-        inputs, targets = probe.sample_batch(self.workload, self.batch_source, 2)
+        inputs, targets = self._batch(2)
         try:
             return probe.recompute_shares(self.workload, self._copy(), inputs, targets)
         except Exception:  # noqa: BLE001 - an op the counter cannot run: the assumption
@@ -167,7 +178,7 @@ class Planner:
     def _probe(self, tp: int, pp: int, checkpointing: str, size: int) -> probe.Activations:
         if pp > 1:  # cutting first: it may change what batches look like (xsum: untrimmed)
             self.workload.pipeline_stages(self._copy(), pp)
-        inputs, targets = probe.sample_batch(self.workload, self.batch_source, size)
+        inputs, targets = self._batch(size)
         return probe.activation_bytes(self.workload, self._copy(), inputs, targets, tp=tp,
                                       n_stages=pp, checkpointing=checkpointing,
                                       sync_bn=self.sync_bn,
