@@ -30,7 +30,7 @@ def _run_benchmark(script: str, out, *args: str, timeout: float,
 @pytest.mark.serial
 def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, synthetic_mnist):
     result = _run_benchmark("overhead.py", tmp_path / "overhead.json", "--workloads", "mnist",
-                            "--rounds", "1", "--steps", "3", "--data-dir",
+                            "--rounds", "1", "--steps", "3", "--epochs", "2", "--data-dir",
                             f"mnist={synthetic_mnist}", timeout=900)
     row = result["workloads"]["mnist"]
     times = row["median_step_time_s"]
@@ -38,6 +38,9 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, syntheti
     assert row["ddl_over_plain"] == pytest.approx(times["ddl"] / times["plain"])
     assert row["ddl_over_accelerate"] == pytest.approx(times["ddl"] / times["accelerate"])
     assert len(row["data_wait_share"]) == 1 and 0 <= row["median_data_wait_share"] < 1
+    # ddl's own host time per step, from its step breakdown: some, and less than a step
+    assert len(row["ddl_host_s"]) == 1 and 0 < row["median_ddl_host_s"] < times["ddl"]
+    assert 0 < row["median_ddl_share"] < 1 and result["epochs"] == 2
     assert result["machine"]["cpus"] >= 1
 
 
