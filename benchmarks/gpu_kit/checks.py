@@ -16,7 +16,8 @@ from pathlib import Path
 
 WORKLOADS = ("mnist", "cifar", "imagewoof", "xsum")
 STARVED_SHARE = 0.2  # a fifth of the training time spent waiting for batches
-# CI's share (~60 s on 2 cores): each kind of check once, on MNIST only (xsum's imports and
+# The CPU mode's share (~95 CPU s on 2 cores; CI's test runs only its course round and
+# peer: docs/measuring.md): each kind of check once, on MNIST only (xsum's imports and
 # preparation cost CI ~20 s; the GPU mode ran every workload on an H200, 2026-11-26).
 # profile-mnist is itself a tiny mnist bf16 run, so tiny-mnist-bf16 is left out.
 # The first round of ddl against its peer stands in for course-mnist-bf16 (the same run on
