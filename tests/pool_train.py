@@ -60,6 +60,45 @@ def train_cell(plan) -> dict[str, Any] | None:
     return {"results": document, "model": model}
 
 
+def train_cell_with_plugin(plan, site: str, plugin_modules: tuple[str, ...],
+                           env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """:func:`train_cell` for a plugin the pool's discovery lacks: every rank trains with
+    ``site`` on sys.path (and ``env`` set), as `ddl train` workers have them, through a
+    discovery of its own; then neither the path, the variables nor the plugin's modules
+    (names starting with ``plugin_modules``) are left behind for the pool's next cell.
+    Rank 0 returns the weights it exported to model.pt."""
+    import importlib
+    import os
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from ddl.contract.plugins import Plugins
+    from ddl.contract.world import World
+    from ddl.settings import rundir
+    from ddl.worker.train.trainer import train
+
+    env = env or {}
+    path, modules = list(sys.path), set(sys.modules)
+    sys.path.insert(0, site)
+    os.environ.update(env)
+    importlib.invalidate_caches()
+    try:
+        rank = dist.get_rank()
+        world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),
+                      device=torch.device("cpu"), backend="gloo")
+        train(plan, world, Plugins())
+    finally:
+        sys.path[:] = path
+        for name in env:
+            os.environ.pop(name, None)
+        for name in set(sys.modules) - modules:
+            if name.startswith(plugin_modules):
+                del sys.modules[name]
+    return torch.load(plan.run_dir / rundir.MODEL, weights_only=True) if rank == 0 else None
+
+
 _PLUGINS = []
 
 

@@ -40,39 +40,9 @@ def installed(tmp_path_factory):
                           entry="vit")["PYTHONPATH"]
 
 
-def vit_cell(plan, site: str) -> dict | None:
-    """Every rank of the pool: ddl's worker training with the plugin importable, as the
-    `ddl train` workers have it (then not left behind); rank 0 returns model.pt."""
-    import importlib
-    import sys
-
-    import torch
-    import torch.distributed as dist
-
-    from ddl.contract.plugins import Plugins
-    from ddl.contract.world import World
-    from ddl.settings import rundir
-    from ddl.worker.train.trainer import train
-
-    path, modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, site)
-    importlib.invalidate_caches()
-    try:
-        rank = dist.get_rank()
-        world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),
-                      device=torch.device("cpu"), backend="gloo")
-        train(plan, world, Plugins())  # a discovery of its own: the pool's lacks the plugin
-    finally:
-        sys.path[:] = path
-        for name in set(sys.modules) - modules:
-            if name.startswith(("ddl_vit", "ddl_vit_example")):
-                del sys.modules[name]
-    return torch.load(plan.run_dir / rundir.MODEL, weights_only=True) if rank == 0 else None
-
-
 def test_fsdp_tp_and_pp_train_the_weights_of_one_process(installed, tmp_path, monkeypatch,
                                                          rank_pools):
-    from pool_train import prepare
+    from pool_train import prepare, train_cell_with_plugin
 
     from ddl import conformance
     from ddl.conformance.runs import GLOBAL_BATCH, NOISE_MICROBATCHES
@@ -87,7 +57,8 @@ def test_fsdp_tp_and_pp_train_the_weights_of_one_process(installed, tmp_path, mo
 
     def trained(name: str, nproc: int, *args: str) -> dict:
         plan = prepare([*args, *common], tmp_path / name, nproc)
-        return rank_pools[nproc].run(vit_cell, plan, installed, timeout_s=300)[0]
+        return rank_pools[nproc].run(train_cell_with_plugin, plan, installed,
+                                     ("ddl_vit", "ddl_vit_example"), timeout_s=300)[0]
 
     one = trained("one-process", 1)
     noise = trained("noise", 1, "--batch-size", str(GLOBAL_BATCH // NOISE_MICROBATCHES))

@@ -80,42 +80,10 @@ def installed(tmp_path_factory):
     return site, root / "data"
 
 
-def told_cell(plan, site: str, seen: str) -> None:
-    """Every rank of the pool: ddl's worker training with the plugin importable and
-    SEEN_DIR set, as the `ddl train` workers would have them; then neither is left behind
-    for the pool's next cell."""
-    import importlib
-    import os
-    import sys
-
-    import torch
-    import torch.distributed as dist
-
-    from ddl.contract.plugins import Plugins
-    from ddl.contract.world import World
-    from ddl.worker.train.trainer import train
-
-    path, modules = list(sys.path), set(sys.modules)
-    sys.path.insert(0, site)
-    os.environ["SEEN_DIR"] = seen
-    importlib.invalidate_caches()
-    try:
-        rank = dist.get_rank()
-        world = World(rank=rank, local_rank=rank, size=dist.get_world_size(),
-                      device=torch.device("cpu"), backend="gloo")
-        train(plan, world, Plugins())  # a discovery of its own: the pool's lacks the plugin
-    finally:
-        sys.path[:] = path
-        os.environ.pop("SEEN_DIR", None)
-        for name in set(sys.modules) - modules:
-            if name.startswith(("ddl_told", "ddl_example")):
-                del sys.modules[name]
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_context_and_named_groups_under_wrapping_strategies(tmp_path, installed, strategy,
                                                              rank_pools, monkeypatch):
-    from pool_train import prepare
+    from pool_train import prepare, train_cell_with_plugin
 
     site, data = installed
     seen = tmp_path / "seen"
@@ -124,7 +92,8 @@ def test_context_and_named_groups_under_wrapping_strategies(tmp_path, installed,
     plan = prepare(["--plugin", "told", "--preset", "tiny", "--strategy", strategy,
                     "--epochs", "2", "--steps-per-epoch", "3", "--data-dir", str(data)],
                    tmp_path / "run", 2)
-    rank_pools[2].run(told_cell, plan, site, str(seen), timeout_s=300)
+    rank_pools[2].run(train_cell_with_plugin, plan, site, ("ddl_told", "ddl_example"),
+                      {"SEEN_DIR": str(seen)}, timeout_s=300)
     for rank in (0, 1):
         told = json.loads((seen / f"rank{rank}.json").read_text())
         # names as in the model build_model() returned: no DDP "module." prefix
