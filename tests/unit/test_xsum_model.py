@@ -68,6 +68,41 @@ def test_loss_is_hugging_faces_token_mean_and_trimming_is_exact(tiny):
     torch.testing.assert_close(workload.loss(logits, targets), per_sample["loss"].mean())
 
 
+def test_training_metrics_reuse_the_losses_token_losses_and_hold_no_logits(tiny, monkeypatch):
+    """The trainer's sample_metrics on the logits a training loss was just computed from
+    reuses that loss's per-token cross-entropy (one [batch, length, vocabulary] pass, not
+    two) with the same values; other logits are computed afresh; the logits are not kept
+    alive by the workload."""
+    import gc
+    import weakref
+
+    from ddl_xsum import workload as module
+
+    workload, splits, model = tiny
+    model.train()
+    inputs, targets = workload.to_device(_batch(splits), torch.device("cpu"))
+    logits = workload.forward(model, inputs)
+    with torch.no_grad():
+        fresh = workload.sample_metrics(logits.detach().clone(), targets)  # not remembered
+    calls = []
+    original = module.token_losses
+    monkeypatch.setattr(module, "token_losses", lambda *a: calls.append(1) or original(*a))
+    workload.loss(logits, targets).backward()
+    with torch.no_grad():
+        reused = workload.sample_metrics(logits, targets)
+    assert len(calls) == 1  # the loss's pass only
+    for name in fresh:
+        assert torch.equal(reused[name], fresh[name]), name
+    with torch.no_grad():  # asked again (or for other logits): computed afresh
+        workload.sample_metrics(logits, targets)
+    assert len(calls) == 2
+    kept = weakref.ref(logits)
+    workload.loss(workload.forward(model, inputs), targets)  # remembered, then dropped
+    del logits
+    gc.collect()
+    assert kept() is None
+
+
 def test_shift_right_starts_with_pad_and_hides_ignored_positions():
     labels = torch.tensor([[5, 6, 1, -100], [7, 1, -100, -100]])
     assert shift_right(labels).tolist() == [[0, 5, 6, 1], [0, 7, 1, 0]]
