@@ -10,6 +10,9 @@ three loops run alternately, ``--rounds`` times, so a busy moment of the shared 
 them alike; the ratios are of the medians of the per-step times:
 
     ddl/plain       target <= 1.02 (issue 23; the exit code says whether each workload met it)
+    ddl/plain CPU   the same ratio of CPU time per step (rank 0's process, all threads;
+                    ``time.process_time``): the work each loop does, steadier than wall time
+                    when other jobs share the machine (reported, not held to the target)
     ddl/accelerate  reported
     data wait       ddl's share of its timed epoch spent waiting for the loader (results.json
                     data_wait_s / time_s, median over the rounds): target < 5 % for the
@@ -53,9 +56,9 @@ def _torchrun(script: str, nproc: int) -> list[str]:
 
 
 def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, epochs: int,
-             nproc: int, work: Path) -> tuple[float, dict[str, float] | None]:
-    """One training of ``kind``: the time per step of its median epoch after the first,
-    and (ddl only) from its timed epochs' records, medians of: the share spent waiting
+             nproc: int, work: Path) -> tuple[float, float, dict[str, float] | None]:
+    """One training of ``kind``: the wall and CPU time per step of its median epoch after
+    the first, and (ddl only) from its timed epochs' records, medians of: the share spent waiting
     for data, and the step breakdown's ddl's own host time per step (``ddl_s``: metrics,
     progress, the step guard; docs/measuring.md) and its share of the step."""
     out = work / f"{kind}-{plugin}-{len(list(work.iterdir()))}"
@@ -78,6 +81,7 @@ def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, ep
         timed = results["epochs"][1:] or results["epochs"]
         per_step = [e["step_breakdown"]["per_step"] for e in timed]
         return (statistics.median(e["time_s"] for e in timed) / results["steps_per_epoch"],
+                statistics.median(e["cpu_time_s"] for e in timed) / results["steps_per_epoch"],
                 {"data_wait_share": statistics.median(e["data_wait_s"] / e["time_s"]
                                                       for e in timed),
                  "ddl_host_s": statistics.median(p["ddl_s"] for p in per_step),
@@ -86,7 +90,7 @@ def run_once(kind: str, plugin: str, preset: str, data_dir: Path, steps: int, ep
     if kind == "accelerate" and (reported["num_processes"] != nproc
                                  or reported["wrapper"] != "DistributedDataParallel"):
         raise SystemExit(f"the Accelerate loop did not run data-parallel: {reported}")
-    return reported["step_time_s"], None
+    return reported["step_time_s"], reported["cpu_step_time_s"], None
 
 
 def prepare(plugin: str, data_root: Path) -> Path:
@@ -123,20 +127,27 @@ def main() -> int:
             runs = work / plugin
             runs.mkdir()
             times: dict[str, list[float]] = {k: [] for k in kinds}
+            cpu: dict[str, list[float]] = {k: [] for k in kinds}
             ddl_numbers: list[dict[str, float]] = []
             for r in range(args.rounds):
                 order = kinds[r % 3:] + kinds[:r % 3]  # rotate who goes first
                 for kind in order:
-                    step, numbers = run_once(kind, plugin, args.preset, data_dir, args.steps,
-                                             args.epochs, args.nproc, runs)
+                    step, cpu_step, numbers = run_once(kind, plugin, args.preset, data_dir,
+                                                       args.steps, args.epochs, args.nproc, runs)
                     times[kind].append(step)
+                    cpu[kind].append(cpu_step)
                     if numbers is not None:
                         ddl_numbers.append(numbers)
                 print(f"{plugin} round {r + 1}: " + ", ".join(
                     f"{k} {times[k][-1] * 1e3:.1f} ms/step" for k in kinds), flush=True)
             median = {k: statistics.median(v) for k, v in times.items()}
+            median_cpu = {k: statistics.median(v) for k, v in cpu.items()}
             row = {"step_time_s": times, "median_step_time_s": median,
                    "ddl_over_plain": median["ddl"] / median["plain"],
+                   "cpu_step_time_s": cpu, "median_cpu_step_time_s": median_cpu,
+                   "ddl_over_plain_cpu": median_cpu["ddl"] / median_cpu["plain"],
+                   "ddl_over_plain_cpu_per_round": [d / p for d, p in zip(cpu["ddl"],
+                                                                          cpu["plain"])],
                    "ddl_over_accelerate": median["ddl"] / median["accelerate"],
                    # the same ratio round by round: how far this shared machine's noise
                    # reaches (a verdict within that spread is not a measurement)
@@ -156,7 +167,8 @@ def main() -> int:
             print(f"{plugin}: ddl/plain {row['ddl_over_plain']:.3f} (target <= {TARGET}: "
                   f"{'met' if row['met'] else 'MISSED'}; per round "
                   f"{min(row['ddl_over_plain_per_round']):.2f}-"
-                  f"{max(row['ddl_over_plain_per_round']):.2f}), ddl/accelerate "
+                  f"{max(row['ddl_over_plain_per_round']):.2f}), in CPU time "
+                  f"{row['ddl_over_plain_cpu']:.3f}, ddl/accelerate "
                   f"{row['ddl_over_accelerate']:.3f}, ddl's own host time "
                   f"{row['median_ddl_host_s'] * 1e6:.0f} us a step "
                   f"({row['median_ddl_share']:.1%}), data wait "

@@ -19,11 +19,11 @@ def train(args, accelerator: Accelerator) -> tuple[list[float], str]:
     model = wl.build_model()
     optimizer = wl.optimizer(model.parameters(), preset.lr)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    epoch_times = []
+    epoch_times, epoch_cpu = [], []
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         model.train()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         batches = iter(loader)
         for _ in range(args.steps):
             inputs, targets = wl.to_device(next(batches), accelerator.device)
@@ -32,16 +32,17 @@ def train(args, accelerator: Accelerator) -> tuple[list[float], str]:
             accelerator.backward(loss)
             optimizer.step()
         epoch_times.append(time.perf_counter() - t0)
-    return epoch_times, type(model).__name__
+        epoch_cpu.append(time.process_time() - cpu0)
+    return epoch_times, epoch_cpu, type(model).__name__
 
 
 def main():
     args = arguments()
     accelerator = Accelerator(cpu=True)
-    epoch_times, wrapper = train(args, accelerator)
+    epoch_times, epoch_cpu, wrapper = train(args, accelerator)
     if accelerator.is_main_process:
         # that it really ran data-parallel: several processes, the model wrapped in DDP
-        report(args.out, epoch_times, args.steps,
+        report(args.out, epoch_times, args.steps, epoch_cpu=epoch_cpu,
                distributed_type=str(accelerator.distributed_type),
                num_processes=accelerator.num_processes, wrapper=wrapper)
     # the prepared DDP model must be gone before the process group is (see plain_ddp.py)

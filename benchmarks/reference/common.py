@@ -28,8 +28,12 @@ def workload(plugin: str, preset: str):
     return spec.create(spec.presets[preset]), spec.presets[preset]
 
 
-def report(out: Path, epoch_times: list[float], steps: int, **extra) -> None:
-    """The per-step time is that of the median epoch after the first (one-off costs)."""
+def report(out: Path, epoch_times: list[float], steps: int, epoch_cpu: list[float],
+           **extra) -> None:
+    """The per-step time is that of the median epoch after the first (one-off costs); the
+    per-step CPU time (rank 0's process, all threads: ``time.process_time``) likewise."""
     timed = statistics.median(epoch_times[1:] or epoch_times)
-    out.write_text(json.dumps({"epoch_time_s": epoch_times, "steps_per_epoch": steps,
-                               "step_time_s": timed / steps, **extra}) + "\n")
+    cpu = statistics.median(epoch_cpu[1:] or epoch_cpu)
+    out.write_text(json.dumps({"epoch_time_s": epoch_times, "epoch_cpu_s": epoch_cpu,
+                               "steps_per_epoch": steps, "step_time_s": timed / steps,
+                               "cpu_step_time_s": cpu / steps, **extra}) + "\n")

@@ -14,8 +14,8 @@ from torch.utils.data.distributed import DistributedSampler
 from common import arguments, report, workload
 
 
-def train(args) -> list[float]:
-    """``--epochs`` epochs; the per-epoch times. The model and its DDP reducer die when this returns,
+def train(args) -> tuple[list[float], list[float]]:
+    """``--epochs`` epochs; the per-epoch wall and CPU times. The model and its DDP reducer die when this returns,
     before the process group is destroyed (a DDP still alive at destroy_process_group
     sometimes aborts the process at exit: "terminate called without an active exception")."""
     torch.manual_seed(args.seed)
@@ -26,11 +26,11 @@ def train(args) -> list[float]:
     model = DDP(wl.build_model())
     optimizer = wl.optimizer(model.parameters(), preset.lr)
     device = torch.device("cpu")
-    epoch_times = []
+    epoch_times, epoch_cpu = [], []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         model.train()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         batches = iter(loader)
         for _ in range(args.steps):
             inputs, targets = wl.to_device(next(batches), device)
@@ -39,15 +39,16 @@ def train(args) -> list[float]:
             loss.backward()
             optimizer.step()
         epoch_times.append(time.perf_counter() - t0)
-    return epoch_times
+        epoch_cpu.append(time.process_time() - cpu0)
+    return epoch_times, epoch_cpu
 
 
 def main():
     args = arguments()
     dist.init_process_group("gloo")
-    epoch_times = train(args)
+    epoch_times, epoch_cpu = train(args)
     if dist.get_rank() == 0:
-        report(args.out, epoch_times, args.steps)
+        report(args.out, epoch_times, args.steps, epoch_cpu=epoch_cpu)
     dist.barrier()
     dist.destroy_process_group()
 

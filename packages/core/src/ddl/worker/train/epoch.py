@@ -41,6 +41,7 @@ class Trained:
     metrics: dict[str, float] = field(default_factory=dict)  # averaged over all ranks
     seconds: float = 0.0
     data_wait: float = 0.0  # seconds this rank waited for its batches
+    cpu_seconds: float = 0.0  # CPU time this rank's process used for the steps (all threads)
     grad_norm: float | None = None  # mean global gradient norm before clipping, if clipped
     breakdown: dict[str, Any] = field(default_factory=dict)  # ddl.worker.observe.step_breakdown
 
@@ -58,7 +59,7 @@ def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
     observers.begin_epoch(epoch, position, run.step)
     breakdown = StepBreakdown(world.device, run.config.count_syncs)
     _sync(world.device)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     # batches arrive on the device one step ahead (on CUDA the copy and the workload's
     # to_device overlap the step before; ddl.worker.train.loaders.DeviceBatches)
     batches = DeviceBatches(loader, lambda batch: workload.to_device(batch, world.device),
@@ -103,9 +104,9 @@ def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
         if stop:
             return Trained(stop=stop)
     _sync(world.device)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     return Trained(metrics=with_derived(sums.reduce(world), workload), seconds=seconds,
-                   data_wait=data_wait,
+                   data_wait=data_wait, cpu_seconds=cpu_seconds,
                    grad_norm=torch.stack(norms).mean().item() if norms else None,
                    breakdown=breakdown.record())
 
@@ -142,6 +143,9 @@ def validate(run: TrainingRun, epoch: int, position: int, trained: Trained, warm
               "samples": samples, "samples_per_s": samples / seconds,
               "data_wait_s": trained.data_wait,
               "data_wait_per_step_s": trained.data_wait / numbers.steps_per_epoch,
+              # the process's CPU time over the same steps: on a shared machine a steadier
+              # measure of the work done than wall time (benchmarks/overhead.py)
+              "cpu_time_s": trained.cpu_seconds,
               "eval_time_s": time.perf_counter() - t_eval,
               "lr": run.optimizer.param_groups[0]["lr"], "train": trained.metrics,
               "val": val}
