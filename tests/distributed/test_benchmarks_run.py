@@ -41,6 +41,11 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, syntheti
     # ddl's own host time per step, from its step breakdown: some, and less than a step
     assert len(row["ddl_host_s"]) == 1 and 0 < row["median_ddl_host_s"] < times["ddl"]
     assert 0 < row["median_ddl_share"] < 1 and result["epochs"] == 2
+    # CPU time per step of each loop's timed epochs (rank 0's process): one compute thread
+    # and gloo's, so at most about two cores' worth of its wall time, never nothing
+    cpu = row["median_cpu_step_time_s"]
+    assert set(cpu) == set(times) and all(0 < cpu[k] <= 2 * times[k] for k in cpu), (cpu, times)
+    assert row["ddl_over_plain_cpu"] == pytest.approx(cpu["ddl"] / cpu["plain"])
     assert result["machine"]["cpus"] >= 1
 
 
