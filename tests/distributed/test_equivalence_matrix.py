@@ -47,6 +47,12 @@ from pool_train import prepare, train_cell
 pytestmark = pytest.mark.distributed
 
 STEPS = ["--epochs", "1", "--steps-per-epoch", "3", "--seed", "7"]
+# The val and test splits' first 16 samples only (`--eval-samples`): the final evaluation
+# comes after the last step, so it cannot move the weights compared here, and 16 samples
+# (divisible by 1, 2 and 4 replicas) still check that the ranks' metrics add up to one
+# process's. Evaluating every sample (600 MNIST test images, the ResNets' splits) was a
+# large share of a 3-step cell.
+EVAL = ["--eval-samples", "16"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ class Setup:
 
     def args(self) -> list[str]:
         return ["--plugin", self.workload, "--preset", self.preset,
-                "--global-batch-size", str(self.batch), *STEPS, *self.extra]
+                "--global-batch-size", str(self.batch), *STEPS, *EVAL, *self.extra]
 
 
 SETUPS = {
@@ -381,7 +387,7 @@ def test_matches_one_process(tmp_path, data_dirs, references, noise_references, 
     _assert_memory(strategy, nproc, one, many)
     _assert_predicted(setup, data_dirs[setup.workload], many)
     assert many["parameters"] == one["parameters"]  # the whole model's, on every strategy
-    # metrics are exact over all samples, so they agree too
+    # metrics are exact over all (the first 16) samples, so they agree too
     for split in ("val", "test"):
         for metric, value in one["final"][split].items():
             close = (pytest.approx(value, rel=1e-3, abs=1e-4) if setup.adam
