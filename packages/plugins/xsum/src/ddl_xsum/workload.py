@@ -23,12 +23,10 @@ offline variables set and ``local_files_only``: training never contacts the Hub.
 from __future__ import annotations
 
 import os
-import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -37,6 +35,7 @@ from ddl.contract.workload import Workload
 from ddl_xsum import data, model_files
 from ddl_xsum.attention_mask import prepared_mask
 from ddl_xsum.model_files import T5_VOCABULARY
+from ddl_xsum.token_losses import RecentTokenLosses, token_losses
 
 SPLIT_NAMES = {"train": "train", "val": "validation", "test": "test"}
 
@@ -85,14 +84,6 @@ def shift_right(labels: torch.Tensor, start_id: int = 0, pad_id: int = 0) -> tor
     return shifted.masked_fill(shifted == -100, pad_id)
 
 
-def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token cross-entropy ``[batch, length]`` (0 where ignored) and the label mask."""
-    mask = labels != -100
-    ce = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100,
-                         reduction="none")
-    return ce, mask
-
-
 class XsumWorkload(Workload):
     """Options (from the preset): ``model`` (t5-base, t5-small, t5-tiny), ``tokenizer``
     (whose vocabulary; synthetic data always uses its own), ``max_source_length``,
@@ -119,9 +110,7 @@ class XsumWorkload(Workload):
         self._tokenizer = None
         self._vocab_size: int | None = None
         self.trim_batches = True  # off under pipeline parallel (see pipeline_stages)
-        # (logits, per-token losses, label mask) of the latest micro-batches' loss, the
-        # logits held weakly: sample_metrics reuses the losses (see _recent_token_losses)
-        self._recent: list[tuple[weakref.ref, weakref.ref, torch.Tensor, torch.Tensor]] = []
+        self._recent = RecentTokenLosses()  # the loss's, for sample_metrics (no second pass)
 
     # --- data -------------------------------------------------------------------------
     data_module = "ddl_xsum.data"
@@ -216,43 +205,17 @@ class XsumWorkload(Workload):
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         ce, mask = token_losses(outputs, targets)
-        self._remember_token_losses(outputs, targets, ce, mask)
+        self._recent.remember(outputs, targets, ce, mask)
         if self.loss_reduction == "samples":
             return (ce.sum(1) / mask.sum(1).clamp(min=1)).mean()
         # HF's T5 loss: CrossEntropyLoss(ignore_index=-100) over every label token
         return ce.sum() / mask.sum().clamp(min=1)
 
     def sample_metrics(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict:
-        ce, mask = self._recent_token_losses(outputs, targets) or token_losses(outputs, targets)
+        ce, mask = self._recent.take(outputs, targets) or token_losses(outputs, targets)
         n = mask.sum(1).clamp(min=1)
         correct = ((outputs.argmax(-1) == targets) & mask).sum(1)
         return {"loss": ce.sum(1) / n, "token_accuracy": correct / n}
-
-    # Training metrics without a second cross-entropy. The trainer asks for sample_metrics
-    # on the very logits the step's loss was computed from; the per-token losses over
-    # [batch, length, vocabulary] cost as much as the rest of ddl's step extras together
-    # (xsum tiny on CPU: ~4 ms of a ~100 ms step), and more with T5's 32k vocabulary on a
-    # GPU. The loss keeps them, detached, for those logits (held weakly: no logits outlive
-    # the trainer's use of them); other logits (evaluation, a pipeline's schedule) are
-    # computed afresh, the same way.
-    _RECENT = 64  # more micro-batches than one optimizer step accumulates in practice
-
-    def _remember_token_losses(self, logits: torch.Tensor, labels: torch.Tensor,
-                               ce: torch.Tensor, mask: torch.Tensor) -> None:
-        if not torch.is_grad_enabled():  # evaluation: no training metrics will follow
-            return
-        self._recent = [entry for entry in self._recent[-self._RECENT + 1:]
-                        if entry[0]() is not None]
-        self._recent.append((weakref.ref(logits), weakref.ref(labels), ce.detach(), mask))
-
-    def _recent_token_losses(self, logits: torch.Tensor, targets: torch.Tensor
-                             ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        for entry in reversed(self._recent):
-            logits_ref, labels_ref, ce, mask = entry
-            if logits_ref() is logits and labels_ref() is targets:
-                self._recent.remove(entry)
-                return ce, mask
-        return None
 
     # --- optimisation -------------------------------------------------------------------
     def optimizer(self, params, lr: float) -> torch.optim.Optimizer:
