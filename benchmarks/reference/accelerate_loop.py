@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from common import arguments, report, workload
 
 
-def train(args, accelerator: Accelerator) -> tuple[list[float], str]:
+def train(args, accelerator: Accelerator) -> tuple[list[float], list[float], str]:
     """``--epochs`` epochs; the per-epoch times and the wrapper's class name."""
     torch.manual_seed(args.seed)
     wl, preset = workload(args.plugin, args.preset)
