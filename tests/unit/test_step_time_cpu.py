@@ -14,6 +14,7 @@ from conftest import PLANTED_LINKS, plant_cpu_links, run_ddl
 from ddl.contract.layout import ParallelLayout
 from ddl.planning import cpu_calibration
 from ddl.planning import step_time_model as stm
+from ddl.planning import wrapper_calibration
 
 pytestmark = pytest.mark.unit
 
@@ -89,6 +90,50 @@ def test_a_head_only_last_stage_sets_the_bubble_from_the_measured_times():
     assert slow == pytest.approx(37e-3) and balanced == pytest.approx(25e-3)
 
 
+def test_wrapper_host_work_is_charged_per_fsdp_unit_and_per_ddp_pass():
+    """The wrappers' own host work (cpu_calibration.wrapper_costs): FSDP2's per unit the
+    rank holds and per pass, DDP's per pass, both once more in the optimizer step; the
+    layouts they do not wrap (a pipeline alone) pay none of it. Links and compute free."""
+    free = link(float("inf"), p2p=0.0, all_reduce=0.0, all_gather=0.0, reduce_scatter=0.0)
+    stages = {1: ((0.0, 0.0),), 2: ((0.0, 0.0), (0.0, 0.0))}
+    wrappers = {"ddp": {"pass_s": 1e-3, "optimizer_s": 2e-3},
+                "fsdp": {"pass_s": 3e-3, "optimizer_s": 5e-3, "units": 3}}
+    plain = stm.Compute(5e10, 1.0, cpu=True, cores=2, costs=stm.CpuCosts(stages, 0.0, 4e4))
+    wrapped = stm.Compute(5e10, 1.0, cpu=True, cores=2,
+                          costs=stm.CpuCosts(stages, 0.0, 4e4, wrappers=wrappers))
+    assert step(DDP, plain, free) == step(FSDP, plain, free) == 0.0
+    assert step(DDP, wrapped, free) == pytest.approx(1e-3 + 2e-3)
+    # 4 units held (3 + the root), one pass; the optimizer's extra once
+    assert step(FSDP, wrapped, free, units=4) == pytest.approx(4 * 3e-3 + 5e-3)
+    # accumulation: every micro-step is a pass through the units
+    lay = stm.StepLayout(FSDP, micro_batch=16, accumulation=2)
+    two = stm.step_time(lay, 0.0, wrapped, stm.Sizes(4e4, units=4), free, local_ranks=2)
+    assert two.total_s == pytest.approx(2 * 4 * 3e-3 + 5e-3)
+    assert step(PP, wrapped, free, micro=64, microbatches=4) == step(PP, plain, free,
+                                                                     micro=64, microbatches=4)
+
+
+def test_wrapper_costs_are_measured_in_a_child_and_leave_no_process_group(synthetic_mnist):
+    """The real calibration: MNIST's model wrapped by DDP and FSDP2 in a one-rank gloo
+    group, timed beside the plain model in a forked child; this process ends with no
+    process group (and so no gloo threads a launcher's fork server would refuse)."""
+    import torch
+    import torch.distributed as dist
+    from ddl.contract.plugins import Plugins
+
+    spec = Plugins().workload("mnist")
+    workload = spec.create(spec.presets["tiny"])
+    inputs, targets = cpu_calibration.real_batch(workload, synthetic_mnist, 8)
+    torch.manual_seed(0)
+    costs = wrapper_calibration.wrapper_costs(workload, workload.build_model(), inputs, targets)
+    assert not dist.is_initialized()
+    assert set(costs) == {"ddp", "fsdp"}, costs
+    assert costs["fsdp"]["units"] == len(workload.fsdp_units(workload.build_model())) + 1
+    # FSDP2's hooks, copies and DTensor dispatch cost something; never a negative time
+    assert costs["fsdp"]["pass_s"] > 0, costs
+    assert all(v >= 0 for kind in costs.values() for v in kind.values())
+
+
 def test_cache_is_per_machine_and_expires(tmp_path, monkeypatch):
     monkeypatch.setenv("DDL_CACHE_DIR", str(tmp_path))
     calls = []
@@ -116,9 +161,11 @@ def test_cache_is_per_machine_and_expires(tmp_path, monkeypatch):
 def test_local_plan_ranks_by_step_time_and_follows_the_links(synthetic_mnist, tmp_path):
     """One planted slow collective moves `ddl plan --site local`'s ranking: with the
     usual links DDP leads (tests/unit/test_plan_cpu_site.py, 4 processes); with gloo's
-    all-reduce planted 100x slower and FSDP's collectives nearly free, an FSDP layout does.
-    (The workload's own costs are measured here: the links alone decide the order.)"""
+    all-reduce and point-to-point planted 100x slower and FSDP's collectives nearly free,
+    an FSDP layout does, its wrapper's measured host work included. (The workload's own
+    costs are measured here: the links alone decide the order.)"""
     slow = {**PLANTED_LINKS, "all_reduce": {"latency_s": 7e-2, "bytes_per_s": 1.5e7},
+            "p2p": {"latency_s": 7e-2, "bytes_per_s": 1.5e7},
             "all_gather": {"latency_s": 1e-6, "bytes_per_s": 1e12},
             "reduce_scatter": {"latency_s": 1e-6, "bytes_per_s": 1e12}}
     folder = plant_cpu_links(tmp_path / "slow", slow, nprocs=[2])

@@ -12,6 +12,9 @@ without training (``ddl plan --verify`` then trains the best few: commands.plan_
   the queue.
 - ``step_time_model``: seconds per step (compute at a device's rate, the collectives'
   alpha-beta cost, FSDP's overlap, the pipeline bubble, recomputation).
+- ``cpu_calibration``: a CPU plan's own measurements of this machine (gloo links, matmul
+  rate, the workload's passes, optimizer and data); ``wrapper_calibration``: the host
+  work DDP, FSDP2 and tensor parallel add to a step, timed in a one-rank process group.
 - ``planner``: the predictions for every candidate, ranked.
 
 The CLI command (commands.plan) is a thin caller; ``ddl doctor --collectives`` measures

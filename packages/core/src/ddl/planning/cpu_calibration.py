@@ -2,7 +2,7 @@
 ``ddl plan --site local`` predicts a step time per layout from these, so ``--mesh auto``
 on a workstation picks what is fastest there instead of ranking by bytes communicated.
 
-Three measurements, two of them cached per machine:
+Four measurements, two of them cached per machine:
 
 - **The links**: ``ddl doctor --collectives``'s gloo timings (all-reduce, all-gather,
   reduce-scatter, a point-to-point ring shift; each call after 1 ms of compute, as in a
@@ -25,6 +25,8 @@ Three measurements, two of them cached per machine:
   batch from its data (``--workers 0``, as the CPU profile runs). The median of
   :data:`REPEATS` timings each. A model over :data:`MAX_CALIBRATED_BYTES` of fp32
   parameters is not built: it is priced at its FLOPs / the matmul rate.
+- **The wrappers' host work**: the same model under DDP and FSDP2 in a one-rank process
+  group, less the plain model (ddl.planning.wrapper_calibration), at every plan too.
 
 The step-time model (ddl.planning.step_time_model, ``CpuCosts``) turns those into a step
 per layout: each rank's passes at its stage's cost (tensor parallel splits the per-sample
@@ -173,6 +175,8 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
         return None
     import torch
 
+    from ddl.planning import wrapper_calibration
+
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -208,10 +212,11 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
 
         optimizer_s = _median_time(opt_step)
         data = _data_costs(workload, data_dir, sizes, train)
+        wrappers = wrapper_calibration.wrapper_costs(workload, model, *batches[big])
     finally:
         torch.set_num_threads(previous)
     return {"stages": stages_out, "optimizer_s": optimizer_s, "param_bytes": param_bytes,
-            "data": data, "sizes": list(sizes)}
+            "data": data, "sizes": list(sizes), "wrappers": wrappers}
 
 
 def _data_costs(workload, data_dir: Path, sizes: tuple[int, int], train: Any = None

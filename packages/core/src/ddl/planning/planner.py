@@ -121,7 +121,8 @@ class Planner:
                 stm.CpuCosts({int(k): tuple(tuple(x) for x in v)
                               for k, v in costs["stages"].items()},
                              costs["optimizer_s"], costs["param_bytes"],
-                             tuple(costs.get("data") or (0.0, 0.0)))
+                             tuple(costs.get("data") or (0.0, 0.0)),
+                             costs.get("wrappers") or {})
                 if costs else None))
         if d.peak_flops and d.intra_bytes_per_s and d.inter_bytes_per_s:
             return stm.Compute(d.peak_flops)

@@ -92,12 +92,15 @@ class CpuCosts:
     of a micro-batch of n samples takes ``pass_s + n x sample_s`` (pp 1: the whole model
     with its loss); ``optimizer_s``: zero_grad + step over the whole model, whose fp32
     parameters are ``param_bytes``; ``data``: a rank's fetch of one batch of n samples
-    takes ``data[0] + n data[1]`` (every rank of a pipeline loads the batch)."""
+    takes ``data[0] + n data[1]`` (every rank of a pipeline loads the batch);
+    ``wrappers``: the host work DDP and FSDP2 add (``{"ddp": {"pass_s", "optimizer_s"},
+    "fsdp": {"pass_s" per unit, "optimizer_s"}}``, cpu_calibration.wrapper_costs)."""
 
     stages: Mapping[int, tuple[tuple[float, float], ...]]
     optimizer_s: float
     param_bytes: float
     data: tuple[float, float] = (0.0, 0.0)  # fetching a batch: per batch, per sample
+    wrappers: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -221,11 +224,21 @@ def measured_parts(layout: StepLayout, compute: Compute, sizes: Sizes | None = N
     times = [(a + b * n / layout.mesh.tp) * grow for a, b in costs.stages[layout.mesh.pp]]
     slowest = max(times)
     passes = layout.accumulation * m * slowest
-    held = (sizes.param_bytes if sizes is not None else costs.param_bytes) \
-        / (layout.mesh.tp * layout.mesh.dp_shard)
-    optimizer = costs.optimizer_s * min(held / costs.param_bytes, 1.0) \
-        if costs.param_bytes else costs.optimizer_s
+    stage = sizes.param_bytes if sizes is not None else costs.param_bytes
+    share = min(stage / costs.param_bytes, 1.0) if costs.param_bytes else 1.0
+    optimizer = costs.optimizer_s * share / (layout.mesh.tp * layout.mesh.dp_shard)
     fetch = layout.accumulation * (costs.data[0] + costs.data[1] * layout.micro_batch)
+    # the wrappers' own host work (wrapper_calibration): FSDP2's per unit and pass, DDP's
+    # and tensor parallel's per pass; each also in the optimizer's step (DTensor)
+    mesh, wrap = layout.mesh, costs.wrappers
+    data = ("fsdp" if mesh.dp_shard > 1 or (mesh.dp_replicate > 1 and mesh.tp * mesh.pp > 1)
+            else "ddp" if mesh.dp_replicate > 1 else None)
+    for kind in (data, "tp" if mesh.tp > 1 else None):
+        if kind in wrap:
+            units = (sizes.units if sizes is not None else wrap[kind].get("units", 1)) \
+                if kind == "fsdp" else 1
+            passes += layout.accumulation * m * wrap[kind]["pass_s"] * max(units, 1)
+            optimizer += wrap[kind]["optimizer_s"] * share
     return passes, optimizer + fetch, slowest / sum(times) if sum(times) else 1.0
 
 
