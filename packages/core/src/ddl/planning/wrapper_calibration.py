@@ -22,7 +22,7 @@ import copy
 import statistics
 import time
 
-REPEATS = 5  # rounds of each model's pass and step: 2 x REPEATS + 1, medians
+REPEATS = 3  # rounds of each model's pass and step: 2 x REPEATS + 1, medians
 
 
 def wrapper_costs(workload, model, inputs, targets) -> dict[str, dict[str, float]]:
