@@ -86,6 +86,11 @@ def test_measured_reads_results_json_fields():
     got = plan_verify.measured(results)  # the peak above the process's own baseline
     assert (got["peak_source"], got["peak_bytes"], got["baseline_bytes"],
             got["peak_above_baseline_bytes"]) == ("peak_rss_bytes", 9, 1, 8)
+    # the plan's row is a rank of stage 0 (its pp_rank): that stage's rank is compared,
+    # though stage 1's is fuller (CIFAR tiny at pp=2 compared the other stage: 52x)
+    got = plan_verify.measured(results, pp_rank=0)
+    assert (got["rank"], got["model_state_bytes"]) == (0, 10)
+    assert plan_verify.measured(results, pp_rank=1)["rank"] == 1
 
 
 def _fit(pp=1, replicate=1, shard=1, ckpt="none", micro=32):

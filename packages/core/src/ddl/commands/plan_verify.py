@@ -248,7 +248,7 @@ def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_
                    why=f"exit code {proc.returncode}: {_last_line(proc)}")
         return out
     out.update(status="measured", why=None, measured=measured(json.loads(
-        results_file.read_text())))
+        results_file.read_text()), row.get("pp_rank")))
     if out["measured"]["mesh"] != row["mesh"]:  # ddl train must run what the plan said
         out.update(status="failed", why=f"ran {out['measured']['mesh']}, not the plan's mesh")
     out["ratio"] = {key: _ratio(out["measured"][m], out["predicted"][p]) for key, m, p in (
@@ -274,14 +274,21 @@ def peak_pair(predicted: dict[str, Any], measured: dict[str, Any]) -> tuple[Any,
     return predicted["memory_per_rank_bytes"], measured.get("peak_bytes")
 
 
-def measured(results: dict[str, Any]) -> dict[str, Any]:
-    """What a finished run measured on its fullest rank (results.json fields): the rank
-    with the most model state + activations, as the plan's row is the rank it predicts
-    fullest. (Not each field's largest over the ranks: under a pipeline the first stage
-    holds the most activations and the last may hold the most parameters, and a plan's
-    row is one rank.)"""
+def measured(results: dict[str, Any], pp_rank: int | None = None) -> dict[str, Any]:
+    """What a finished run measured on its fullest rank (results.json fields): of the
+    ranks in the plan row's pipeline stage ``pp_rank`` (the stage of the rank the plan
+    predicts fullest; None: all ranks), the one with the most model state + activations.
+    (Not each field's largest over the ranks, nor the fullest of all stages: under a
+    pipeline the first stage holds the most activations and the last may hold the most
+    parameters, and a plan's row is one rank: CIFAR tiny at pp=2 compared the plan's
+    first stage with the run's second, 52x its model state, 0.22x its activations.)"""
+    from ddl.contract.layout import ParallelLayout
+
     ranks = results.get("memory_per_rank") or [{}]
-    rank = max(range(len(ranks)), key=lambda i: (ranks[i].get("model_state_bytes") or 0)
+    mesh = ParallelLayout(**results["world"]["parallel"])
+    stage = [i for i in range(len(ranks)) if pp_rank is None or mesh.world_size !=
+             len(ranks) or mesh.coordinates(i)["pp"] == pp_rank] or list(range(len(ranks)))
+    rank = max(stage, key=lambda i: (ranks[i].get("model_state_bytes") or 0)
                + (ranks[i].get("saved_for_backward_bytes") or 0))
     fullest = ranks[rank]
     peak_key = ("device_peak_allocated_bytes" if "device_peak_allocated_bytes" in fullest

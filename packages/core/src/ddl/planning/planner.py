@@ -58,6 +58,7 @@ class Prediction:
     comm_bytes: dict[str, float] = field(default_factory=dict)
     step_time: dict[str, Any] | None = None  # step_time_model.StepTime.as_dict()
     peak: dict[str, int] | None = None  # the fullest rank's, by part (peak_model.Peak)
+    pp_rank: int = 0  # the pipeline stage of that fullest rank
 
     def as_dict(self) -> dict[str, Any]:
         c = self.candidate
@@ -69,7 +70,7 @@ class Prediction:
                 "activation_bytes": self.activation_bytes, "step_s": self.step_s,
                 "comm_bytes_per_step": self.comm_bytes, "step_time": self.step_time,
                 "strategy_options": c.strategy_options(), "flags": c.flags(),
-                "dropped": self.dropped}
+                "pp_rank": self.pp_rank, "dropped": self.dropped}
 
 
 class Planner:
@@ -232,7 +233,7 @@ class Planner:
             peak = peak_model.rank_peak(self, c, state, int(acts), r,
                                         *self._line(layout.tp, layout.pp, c.checkpointing)[:2])
             if worst is None or peak.total_bytes > worst.total_bytes:
-                worst = peak
+                worst, out.pp_rank = peak, r
         out.memory_bytes, out.peak = worst.total_bytes, worst.as_dict()
         out.model_state_bytes, out.activation_bytes = (worst.model_state_bytes,
                                                        worst.activation_bytes)
