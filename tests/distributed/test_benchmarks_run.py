@@ -26,7 +26,12 @@ def _run_benchmark(script: str, out, *args: str, timeout: float,
 
 
 # serial: a benchmark of times, and seven processes that import torch; beside two other
-# test workers on 2 cores it took 85-97 s, alone ~30 s
+# test workers on 2 cores it took 85-97 s, alone ~30 s (19-21 s on a quiet machine,
+# 2026-11-29: ddl's run 6 s, the plain loop's 7, Accelerate's 8, almost all start-up). Its
+# knobs are the smallest that run as the benchmark does: 1 round; 2 epochs, the first not
+# timed; 3 steps (with 1 the step breakdown times none and the benchmark divides by 0); 2
+# processes, the benchmark's data-parallel case (1 process: 18 s instead of 25, measured
+# one after the other, but no gradient all-reduce and no second rank in any of the three loops).
 @pytest.mark.serial
 def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, synthetic_mnist):
     result = _run_benchmark("overhead.py", tmp_path / "overhead.json", "--workloads", "mnist",
