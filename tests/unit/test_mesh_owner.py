@@ -19,9 +19,11 @@ SOURCES = [*(REPO / "packages").glob("*/src/**/*.py"),
            *(REPO / "packages").glob("plugins/*/src/**/*.py")]
 OWNERS = {"ddl/worker/process/mesh.py", "ddl/contract/layout.py", "ddl/commands/layout.py"}
 # `ddl plan` reasons about layouts that are not running (each rank of a candidate, which
-# groups cross a node): the layout's arithmetic is its subject, no live rank is derived
+# groups cross a node; `--verify`: which stage a finished run's rank N was in): the
+# layout's arithmetic is its subject, no live rank is derived
 PLANNERS = {"ddl/planning/planner.py", "ddl/planning/plan_probe.py",
-            "ddl/planning/layout_search.py", "ddl/planning/pipeline_schedule.py"}
+            "ddl/planning/layout_search.py", "ddl/planning/pipeline_schedule.py",
+            "ddl/commands/plan_verify.py"}
 # a place in the layout from a rank: the layout's rank arithmetic, or a rank divided or
 # taken modulo by a count (how a data-parallel rank used to be derived)
 LAYOUT_CALLS = {"dp_rank", "coordinates", "device_mesh"}
