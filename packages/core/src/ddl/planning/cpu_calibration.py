@@ -212,7 +212,8 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
 
         optimizer_s = _median_time(opt_step)
         data = _data_costs(workload, data_dir, sizes, train)
-        wrappers = wrapper_calibration.wrapper_costs(workload, model, *batches[big])
+        # the wrappers' work is per pass and per parameter, not per sample: the small batch
+        wrappers = wrapper_calibration.wrapper_costs(workload, model, *batches[small])
     finally:
         torch.set_num_threads(previous)
     return {"stages": stages_out, "optimizer_s": optimizer_s, "param_bytes": param_bytes,
