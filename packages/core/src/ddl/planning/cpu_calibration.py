@@ -25,8 +25,9 @@ Four measurements, two of them cached per machine:
   batch from its data (``--workers 0``, as the CPU profile runs). The median of
   :data:`REPEATS` timings each. A model over :data:`MAX_CALIBRATED_BYTES` of fp32
   parameters is not built: it is priced at its FLOPs / the matmul rate.
-- **The wrappers' host work**: the same model under DDP and FSDP2 in a one-rank process
-  group, less the plain model (ddl.planning.wrapper_calibration), at every plan too.
+- **The wrappers' host work**: the same model under DDP, FSDP2 and tensor parallel in a
+  one-rank process group, less the plain model (ddl.planning.wrapper_calibration), at
+  every plan too.
 
 The step-time model (ddl.planning.step_time_model, ``CpuCosts``) turns those into a step
 per layout: each rank's passes at its stage's cost (tensor parallel splits the per-sample

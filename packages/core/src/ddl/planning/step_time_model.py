@@ -93,8 +93,9 @@ class CpuCosts:
     with its loss); ``optimizer_s``: zero_grad + step over the whole model, whose fp32
     parameters are ``param_bytes``; ``data``: a rank's fetch of one batch of n samples
     takes ``data[0] + n data[1]`` (every rank of a pipeline loads the batch);
-    ``wrappers``: the host work DDP and FSDP2 add (``{"ddp": {"pass_s", "optimizer_s"},
-    "fsdp": {"pass_s" per unit, "optimizer_s"}}``, cpu_calibration.wrapper_costs)."""
+    ``wrappers``: the host work DDP, FSDP2 and tensor parallel add (``{"ddp": {"pass_s",
+    "optimizer_s"}, "fsdp": {"pass_s" per unit, ...}, "tp": {...}}``,
+    ddl.planning.wrapper_calibration)."""
 
     stages: Mapping[int, tuple[tuple[float, float], ...]]
     optimizer_s: float

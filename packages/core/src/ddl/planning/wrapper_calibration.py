@@ -28,7 +28,8 @@ REPEATS = 3  # rounds of each model's pass and step: 2 x REPEATS + 1, medians
 def wrapper_costs(workload, model, inputs, targets) -> dict[str, dict[str, float]]:
     """``{"ddp": {"pass_s", "optimizer_s"}, "fsdp": {"pass_s" (per FSDP unit),
     "optimizer_s", "units"}, "tp": {...}}`` (tp only for a workload with a ``tp_plan``):
-    each wrapped median less the plain one (at least 0).
+    each wrapped median less the plain one (at least 0); a wrapper the model refuses is
+    left out.
     Measured in a forked child, so the planning process keeps no process group and no
     gloo threads (a launcher with threads could not fork its fork server,
     ddl.launch.fork_server); {} where that fails (the plan then counts no wrapper cost)."""
@@ -76,7 +77,8 @@ def _time_wrappers(workload, model, inputs, targets) -> dict[str, dict[str, floa
                                                    parallelize_module)
     from torch.nn.parallel import DistributedDataParallel
 
-    STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    # ddl_strategies.tp's styles (a plugin the core may not import)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -85,33 +87,38 @@ def _time_wrappers(workload, model, inputs, targets) -> dict[str, dict[str, floa
         runs, units = {}, 1
         for kind in ("plain", "ddp", "fsdp", "tp"):
             wrapped = copy.deepcopy(model)
-            if kind == "ddp":
-                wrapped = DistributedDataParallel(wrapped)
-            elif kind == "fsdp":  # as ddl_strategies.fsdp.shard: each unit, then the root
-                held = workload.fsdp_units(wrapped)
-                for unit in held:
-                    fully_shard(unit, mesh=mesh)
-                fully_shard(wrapped, mesh=mesh)
-                units = len(held) + 1
-            elif kind == "tp":  # as ddl_strategies.tp: the workload's plan, DTensor
-                plan = workload.tp_plan(wrapped)
-                if not plan:
-                    continue
-                workload.prepare_tensor_parallel(wrapped, 1)
-                parallelize_module(wrapped, mesh, {path: STYLES[style]()
-                                                   for path, style in plan.items()})
-            optimizer = workload.optimizer([p for p in wrapped.parameters()
-                                            if p.requires_grad], 1e-3)
+            try:
+                if kind == "ddp":
+                    wrapped = DistributedDataParallel(wrapped)
+                elif kind == "fsdp":  # as ddl_strategies.fsdp.shard: units, then the root
+                    held = workload.fsdp_units(wrapped)
+                    for unit in held:
+                        fully_shard(unit, mesh=mesh)
+                    fully_shard(wrapped, mesh=mesh)
+                    units = len(held) + 1
+                elif kind == "tp":  # as ddl_strategies.tp: the workload's plan, DTensor
+                    plan = workload.tp_plan(wrapped)
+                    if not plan:
+                        continue
+                    workload.prepare_tensor_parallel(wrapped, 1)
+                    parallelize_module(wrapped, mesh, {path: styles[style]()
+                                                       for path, style in plan.items()})
+                optimizer = workload.optimizer([p for p in wrapped.parameters()
+                                                if p.requires_grad], 1e-3)
 
-            def one_pass(wrapped=wrapped):
-                workload.loss(workload.forward(wrapped, inputs), targets).backward()
+                def one_pass(wrapped=wrapped):
+                    workload.loss(workload.forward(wrapped, inputs), targets).backward()
 
-            def step(optimizer=optimizer):
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=False)
+                def step(optimizer=optimizer):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=False)
 
-            one_pass()  # warm-up
-            step()
+                one_pass()  # warm-up
+                step()
+            except Exception:  # noqa: BLE001 - a wrapper this model refuses: not priced
+                if kind == "plain":
+                    raise
+                continue
             runs[kind] = (one_pass, step)
         times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in runs}
         for _ in range(2 * REPEATS + 1):
@@ -126,5 +133,6 @@ def _time_wrappers(workload, model, inputs, targets) -> dict[str, dict[str, floa
     out = {kind: {"pass_s": max(median[kind][0] - median["plain"][0], 0.0),
                   "optimizer_s": max(median[kind][1] - median["plain"][1], 0.0)}
            for kind in median if kind != "plain"}
-    out["fsdp"].update(pass_s=out["fsdp"]["pass_s"] / units, units=float(units))
+    if "fsdp" in out:
+        out["fsdp"].update(pass_s=out["fsdp"]["pass_s"] / units, units=float(units))
     return out
