@@ -432,10 +432,9 @@ def wait_for_restart(cluster: Cluster, job_id: str, timeout: float) -> dict:
         time.sleep(0.5)  # poll interval only; the deadline decides
 
 
-# serial: the signal must land while the training runs, and the test is the training plus a
-# restart; beside the image build and the other Slurm jobs it took 81-96 s, so .ci/run
-# runs it alone after the other system tests
-@pytest.mark.serial
+# Runs beside the other system tests, first in the Slurm group (tests/system/conftest.py
+# FIRST_IN_GROUP): load only makes the training longer, so the signal still lands in it;
+# alone after the others it cost CI a 2-minute serial phase (5084f9b).
 def test_time_limit_requeues_the_job_which_resumes_to_the_same_weights(slurm, synthetic_mnist,
                                                                        tmp_path):
     """A 2-minute job whose training needs longer: Slurm signals the batch script
