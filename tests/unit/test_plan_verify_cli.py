@@ -130,3 +130,19 @@ def test_order_says_whether_measured_matches_predicted():
     alone = plan_verify.order([_timed(1, 0.01)], "x")
     assert alone["matches"] is None
     assert "nothing to compare" in plan_verify.order_line({"order": alone})
+
+
+def test_step_time_is_the_median_of_the_timed_epochs():
+    """One epoch of 10 steps varied ~30 % between runs on a 2-core host: verify times 3
+    epochs after the warm-up and takes their median, so one slow epoch moves nothing."""
+    results = {"world": {"parallel": {"pp": 1, "dp_replicate": 2, "dp_shard": 1, "tp": 1}},
+               "steps_per_epoch": 10, "summary": {"epoch_time_s": 0.5},
+               "memory_per_rank": [{"model_state_bytes": 1}],
+               "epochs": [{"epoch": 1, "warmup": True, "time_s": 9.0},
+                          {"epoch": 2, "warmup": False, "time_s": 0.20},
+                          {"epoch": 3, "warmup": False, "time_s": 0.90},
+                          {"epoch": 4, "warmup": False, "time_s": 0.30}]}
+    assert plan_verify.measured(results)["step_s"] == pytest.approx(0.030)
+    del results["epochs"]  # an older results.json: the summary's mean
+    assert plan_verify.measured(results)["step_s"] == pytest.approx(0.05)
+    assert plan_verify.EPOCHS - 1 >= 3  # timed epochs, beside the warm-up
