@@ -8,6 +8,12 @@ a `ddl` entry point on PYTHONPATH), built on the example workload: one whose for
 the way a wrong reshape does, one whose validation set's __len__ claims 4 samples too many
 (it passes check_data and fails only after a whole epoch of training), one whose rank 1 is
 killed without a word (SIGKILL, as by the out-of-memory killer).
+
+The runs are forked from the fork server as any test's `ddl` is (tests/cli_fork.py), with the
+plugins' folder on sys.path where PYTHONPATH would put it: the folder holds only the plugins'
+module and dist-info, which shadow nothing the server imported, so the fork finds the same
+modules and entry points a fresh `PYTHONPATH=SITE ddl` would, without its 2.5-5 CPU-s of
+imports per run (plugin_path below).
 """
 
 from __future__ import annotations
@@ -15,10 +21,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+from contextlib import contextmanager
 
 import pytest
 
-from conftest import REPO, install_plugin, run_ddl
+import cli_fork
+from conftest import DDL, REPO, install_plugin, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -89,13 +97,33 @@ def installed(tmp_path_factory):
     return env, data
 
 
+@contextmanager
+def plugin_path(env: dict[str, str]):
+    """The environment for run_ddl that finds the plugins of ``env`` (install_plugin's
+    PYTHONPATH): with forked commands, none, and the folder put on the forked command's
+    sys.path right after the console script's own, where a fresh interpreter puts
+    PYTHONPATH (a PYTHONPATH in the environment would send the command to a fresh
+    interpreter: tests/cli_fork.py). The launcher's workers are forked from it and inherit
+    that path. Under DDL_TEST_CLI=exec, ``env`` itself."""
+    if not cli_fork.enabled():
+        yield env
+        return
+    console = cli_fork._sys_path(DDL)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli_fork, "_console_path", [[console[0], env["PYTHONPATH"], *console[1:]]])
+        yield {}
+
+
 def _train(plugin: str, installed, tmp_path, *extra: str):
     """Train with 2 processes; (the one line on stderr, the run dir, the crash records)."""
     env, data = installed
     run_dir = tmp_path / "run"
-    proc = run_ddl("train", "--plugin", plugin, "--preset", "tiny", "--nproc", "2",
-                   "--data-dir", str(data), "--run-dir", str(run_dir), *extra, env=env,
-                   cwd=tmp_path)
+    fallbacks = len(cli_fork.fallbacks)
+    with plugin_path(env) as run_env:
+        proc = run_ddl("train", "--plugin", plugin, "--preset", "tiny", "--nproc", "2",
+                       "--data-dir", str(data), "--run-dir", str(run_dir), *extra,
+                       env=run_env, cwd=tmp_path)
+    assert cli_fork.fallbacks[fallbacks:] == [], cli_fork.fallbacks  # forked, as planned
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
