@@ -15,6 +15,13 @@ the one-process reference and the noise reference are trained once, not once per
 (their cost was half of this module's; the strategy faults do not touch tensor parallel,
 the only hook ``stagetp`` changes). 2 one-process launches, then hsdp (4), 3-D (8), tp,
 and the accumulation and resume checks with their base runs (2 each).
+
+The kit runs its `ddl train` commands through ``command``; here that is the `./ddl` relay of
+the docs' blocks (tests/cli_relay.py), so each launch is forked from the fork server as any
+test's `ddl` is (tests/cli_fork.py) instead of a fresh interpreter importing torch (9
+launches, 2.5-6 CPU-s each). The plugin's folder is put on the forked commands' sys.path
+where PYTHONPATH would put it (it holds only the plugin's module and dist-info: nothing the
+server imported is shadowed), and their workers, forked from the launcher, inherit it.
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REPO, install_plugin
+from conftest import DDL, REPO, install_plugin
+
+import cli_fork
+import cli_relay
 
 pytestmark = pytest.mark.distributed
 
@@ -138,9 +148,16 @@ def outcomes(installed, gpt_data, tmp_path_factory):
     from ddl.contract.plugins import Plugins
 
     work = tmp_path_factory.mktemp("kit-runs")
+    fallbacks = len(cli_fork.fallbacks)
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(installed)
-        mp.setenv("PYTHONPATH", installed)
+        if cli_fork.enabled():  # forked launches (module docstring)
+            console = cli_fork._sys_path(DDL)
+            mp.setattr(cli_fork, "_console_path", [[console[0], installed, *console[1:]]])
+            command = (str(cli_relay.write_ddl(work)),)
+        else:  # DDL_TEST_CLI=exec: the kit's own fresh interpreters
+            mp.setenv("PYTHONPATH", installed)
+            command = conformance.DDL_COMMAND
         plugins = Plugins()
         spec = plugins.workload("stagetp")
         workload = spec.create(spec.presets["tiny"])
@@ -156,8 +173,9 @@ def outcomes(installed, gpt_data, tmp_path_factory):
         assert len(set(labels)) == len(labels), labels
         results = conformance.equivalence_results(
             "stagetp", gpt_data, work, runs, conformance.tolerance_for("per-tensor"),
-            noise=True)
+            noise=True, command=command)
         found = {(run.label if run else "one process"): failure for run, failure in results}
+    assert cli_fork.fallbacks[fallbacks:] == [], cli_fork.fallbacks  # all forked
     assert found.pop("one process") is None  # the reference trained
     return found
 
