@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from background_ddl import Python, Run
 from conftest import DDL, end_session, live_workers, run_ddl
 
 pytestmark = pytest.mark.distributed
@@ -39,13 +40,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
-def _start_and_wait_for_training(tmp_path, data, *extra):
+def _start_and_wait_for_training(tmp_path, data, *extra, fresh=False):
+    """The run, forked as run_ddl forks it (tests/background_ddl.py), or with ``fresh`` the
+    console script in a new interpreter; returned once its first checkpoint is on disk."""
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([DDL, *ARGS, *extra, "--data-dir", str(data),
-                             "--run-dir", str(run_dir)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env)
+    args = [*ARGS, *extra, "--data-dir", str(data), "--run-dir", str(run_dir)]
+    if fresh:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([DDL, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env=env)
+    else:
+        proc = Run(args, cwd=tmp_path, run_dir=run_dir)
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints" / "latest").is_file():
         assert proc.poll() is None, f"the run ended before its first checkpoint: " \
@@ -80,7 +86,10 @@ def cleanup():
     procs: list[tuple[subprocess.Popen, Path]] = []
     yield procs
     for proc, run_dir in procs:
-        end_session(proc, _workers(run_dir))
+        if isinstance(proc, Run):
+            proc.end()
+        else:
+            end_session(proc, _workers(run_dir))
 
 
 def _none_outlive(workers: list[int], limit: float = 30) -> None:
@@ -93,7 +102,10 @@ def _none_outlive(workers: list[int], limit: float = 30) -> None:
 
 def test_kill_9_of_the_launcher_takes_the_workers_with_it(tmp_path, synthetic_mnist,
                                                          cleanup):
-    proc, run_dir, workers = _start_and_wait_for_training(tmp_path, synthetic_mnist)
+    # The console script itself, once in this module: a fork server whose command line is
+    # the launcher's is then a fork of `ddl train` (the other tests' launchers are forks of
+    # the test session's server, tests/background_ddl.py, and their pid is read off the tree)
+    proc, run_dir, workers = _start_and_wait_for_training(tmp_path, synthetic_mnist, fresh=True)
     cleanup.append((proc, run_dir))
     proc.kill()
     proc.communicate(timeout=60)
@@ -173,9 +185,9 @@ def test_a_stopped_rank_0_that_hosts_the_store_is_named_by_rank_1(tmp_path, synt
     env.update(LOCAL_RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                OMP_NUM_THREADS="1")
     env[PLAN_ENV] = make_plan(build(flags), env).model_dump_json()
-    procs = [subprocess.Popen([sys.executable, "-m", "ddl.worker"], env={**env, "RANK": str(r)},
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for r in (0, 1)]
+    # `python -m ddl.worker` each, forked from the test session's preloaded fork server
+    # (tests/background_ddl.py) rather than two fresh interpreters importing torch
+    procs = [Python(["-m", "ddl.worker"], {**env, "RANK": str(r)}) for r in (0, 1)]
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "checkpoints" / "latest").is_file():
@@ -223,10 +235,13 @@ def test_a_rank_stopped_before_its_first_beat_is_still_killed_and_named(tmp_path
     rank1 = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         os.kill(rank1.pid, signal.SIGSTOP)
-        watcher = subprocess.run([sys.executable, "-c", _NEVER_BEAT, str(tmp_path),
-                                  str(rank1.pid)], check=False, capture_output=True, text=True,
-                                 timeout=60)
-        assert watcher.returncode == 1, watcher.stderr
+        # forked from the preloaded fork server (torch imported), tests/background_ddl.py
+        watcher = Python(["-c", _NEVER_BEAT, str(tmp_path), str(rank1.pid)], dict(os.environ))
+        try:
+            _, err = watcher.communicate(timeout=60)
+        finally:
+            watcher.kill()
+        assert watcher.returncode == 1, err
         line = json.loads((tmp_path / "logs" / "rank1-error.json").read_text())["line"]
         assert f"its process (pid {rank1.pid}) was killed" in line, line
         assert rank1.wait(timeout=30) == -signal.SIGKILL
