@@ -114,27 +114,6 @@ def test_plain_single_process_model_loads_a_sharded_checkpoint(runs):
     assert all(torch.equal(model.state_dict()[k], exported[k]) for k in exported)
 
 
-def test_resume_auto_continues_an_interrupted_run_dir(runs, synthetic_mnist, tmp_path):
-    """What a requeued job does: the same command with --resume auto on the same run dir.
-    An interrupted run (checkpoint, no results) continues; a finished one is refused."""
-    import shutil
-
-    run_dir = runs / "auto"
-    shutil.copytree(runs / "first", run_dir)
-    (run_dir / "results.json").unlink()  # as if killed after its last checkpoint
-    (run_dir / "model.pt").unlink()
-    _train(run_dir, synthetic_mnist, 2, "fsdp", 2, "--resume", "auto")
-    whole = _weights(runs / "whole")
-    assert all(torch.equal(_weights(run_dir)[k], whole[k]) for k in whole)
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["epoch"] for m in metrics] == [1, 2]
-
-    again = run_ddl(*COMMON, "--nproc", "2", "--strategy", "fsdp", "--epochs", "2",
-                    "--data-dir", str(synthetic_mnist), "--run-dir", str(run_dir),
-                    "--resume", "auto", cwd=tmp_path)
-    assert_one_line_error(again, "already finished")
-
-
 def test_resume_rejects_a_checkpoint_of_another_workload_in_one_line(runs, tmp_path):
     from ddl_cifar import synthetic as cifar_synthetic
 
@@ -153,21 +132,22 @@ def test_kill_during_an_async_write_then_resume_auto_is_bit_identical(runs, synt
     shards are on disk, before the manifest: DDL_TEST_HOLD_ASYNC_CHECKPOINT). By then the
     newest checkpoint is still the epoch end's (step 3), ``latest`` names it, and step 4 is
     only a .partial directory. ``--resume auto`` (asynchronous too) takes step 3, removes the
-    partial, and ends bit-identical to the uninterrupted synchronous run."""
-    import os
-    import subprocess
+    partial, and ends bit-identical to the uninterrupted synchronous run.
+
+    It is also the module's ``--resume auto`` test (a separate one resumed a copy of the
+    first run with its results removed, one more 2-rank run): the same command on the same
+    run dir continues an interrupted run, and is refused once the run has finished."""
     import time
 
-    from conftest import DDL, end_session
+    from background_ddl import Run
 
     run_dir = runs / "async-killed"
     partial = run_dir / "checkpoints" / ".step-00000004.partial"
     args = [*COMMON, "--nproc", "2", "--strategy", "fsdp", "--epochs", "2", "--data-dir",
             str(synthetic_mnist), "--run-dir", str(run_dir), "--checkpoint-every", "2",
             "--async-checkpoint"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DDL_TEST_HOLD_ASYNC_CHECKPOINT": "4"}
-    proc = subprocess.Popen([DDL, *args], cwd=runs, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # forked as run_ddl forks it, in the background (tests/background_ddl.py)
+    proc = Run(args, cwd=runs, run_dir=run_dir, env={"DDL_TEST_HOLD_ASYNC_CHECKPOINT": "4"})
     try:
         deadline = time.monotonic() + 300
         while not all((partial / f"held-{rank}").exists() for rank in (0, 1)):
@@ -181,7 +161,7 @@ def test_kill_during_an_async_write_then_resume_auto_is_bit_identical(runs, synt
         proc.kill()  # the launcher; its workers die with it (parent-death signal)
         proc.communicate(timeout=60)
     finally:
-        end_session(proc)
+        proc.end()
 
     resumed = _train(run_dir, synthetic_mnist, 2, "fsdp", 2, "--resume", "auto",
                      "--checkpoint-every", "2", "--async-checkpoint")
@@ -191,3 +171,9 @@ def test_kill_during_an_async_write_then_resume_auto_is_bit_identical(runs, synt
     assert all(torch.equal(got[k], whole[k]) for k in whole)
     stall = json.loads((run_dir / "results.json").read_text())["checkpoints"]["stall"]
     assert stall["saves"] == 2 and stall["max_s"] > 0  # step 4 and the end of epoch 2
+    # What a requeued job does, in this run dir: the interrupted run continued (epoch 1 from
+    # the killed run, epoch 2 from the resumed one, each once); a finished one is refused.
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    again = run_ddl(*args, "--resume", "auto", cwd=runs)
+    assert_one_line_error(again, "already finished")
