@@ -2,7 +2,8 @@
 
 Tests that signal or kill a run while it trains used to start the console script with
 ``subprocess.Popen``: a fresh interpreter whose launcher imports torch and whose fork server
-imports torchvision again, ~4 CPU-s per start that the preloaded server already holds. Here
+imports torchvision again, CPU-s per start that the preloaded server already holds
+(test_faults_signals.py: 63 -> 24 CPU-s with its 4 runs and 3 workers forked). Here
 run_ddl runs in a thread (it falls back to a fresh interpreter exactly when it would in the
 foreground), and the launcher's pid, which a signal needs, is read from the process tree:
 a worker's parent is the launcher's fork server, whose parent is the launcher (the tree
