@@ -11,11 +11,15 @@ returns, atexit handlers included. A launcher forked this way starts its workers
 always does: the launch, rendezvous, run directory and exit codes are the real ones.
 
 What a fork cannot give is an import made under another environment: libraries read
-some variables when imported (PYTHONPATH, HF_*, TORCH_*, ...). So the fork compares the
-environment asked for with the one the server started with; if anything but
-OMP_NUM_THREADS (read by each run's thread rule, not at import), a DDL_* setting (read
-at run time), pytest's PYTEST_* or a shell's PWD, OLDPWD, SHLVL and _ differs, it exits
-with NEEDS_EXEC and the command runs in a fresh interpreter instead. Commands whose point
+some variables when imported (HF_*, TORCH_*, ...). So the fork compares the environment
+asked for with the one the server started with; if anything but OMP_NUM_THREADS (read by
+each run's thread rule, not at import), a DDL_* setting (read at run time), pytest's
+PYTEST_* or a shell's PWD, OLDPWD, SHLVL and _ differs, it exits with NEEDS_EXEC and the
+command runs in a fresh interpreter instead. PYTHONPATH is the exception when its folders
+only add modules (a third party's plugin and its dist-info): the fork puts them on its
+sys.path where a fresh interpreter would, and the plugin's entry point is found as it
+would be there (importlib.metadata reads sys.path when asked); a folder that holds a
+module the server has imported (a torch of its own) still needs a fresh interpreter. Commands whose point
 is a fresh interpreter (``ddl --help`` imports no torch) pass ``fresh=True``;
 DDL_TEST_CLI=exec runs every command that way.
 """
@@ -127,6 +131,26 @@ def _sys_path(ddl: str) -> list[str]:
     return _console_path[0]
 
 
+def _added_folders(pythonpath: str) -> list[str] | None:
+    """PYTHONPATH's folders, if a fork may put them on its sys.path: they only add modules
+    (a plugin's package and its dist-info, tests/conftest.py install_plugin). None when one
+    holds a module the server has imported already (a fresh interpreter would import that
+    one instead: the fork cannot) or a sitecustomize (run at a fresh interpreter's start)."""
+    folders = [os.path.abspath(entry) for entry in pythonpath.split(os.pathsep) if entry]
+    for folder in folders:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue  # a fresh interpreter skips it too
+        for name in names:
+            module = name.split(".", 1)[0]
+            if name.endswith((".dist-info", ".egg-info")):
+                continue
+            if module in sys.modules or module in ("sitecustomize", "usercustomize"):
+                return None
+    return folders
+
+
 def _become_ddl(ddl: str, args: list[str], cwd: str, env: dict[str, str],
                 server_env: dict[str, str], path: list[str], out: str, err: str) -> None:
     """The forked child: check the environment, then be ``ddl ARGS``."""
@@ -135,10 +159,14 @@ def _become_ddl(ddl: str, args: list[str], cwd: str, env: dict[str, str],
     imported = {key: os.environ[key] for key in set(os.environ) - set(server_env)}
     changed = {key for key in set(env) | set(os.environ)
                if env.get(key, imported.get(key)) != os.environ.get(key)}
-    if not all(map(forkable, changed)):
+    added = _added_folders(env.get("PYTHONPATH", "")) if "PYTHONPATH" in changed else []
+    refused = sorted(k for k in changed if not forkable(k)
+                     and not (k == "PYTHONPATH" and added is not None))
+    if refused:
         with open(err, "w") as why:
-            why.write(f"cli_fork: {', '.join(sorted(k for k in changed if not forkable(k)))}")
+            why.write(f"cli_fork: {', '.join(refused)}")
         os._exit(NEEDS_EXEC)
+    path = [path[0], *(added or []), *path[1:]]  # where a fresh interpreter puts PYTHONPATH
     env = {**imported, **env}
     os.setsid()  # its own session: a timeout kills it with its workers
     for fd, name in ((1, out), (2, err)):

@@ -51,12 +51,48 @@ def _same_for_both(text: str, where: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "PYTHONPATH", "TORCH_LOGS"])
-def test_an_environment_the_imports_did_not_see_runs_in_a_fresh_interpreter(variable):
-    assert cli_fork.run(DDL, ["sites"], cwd=None, env=_env(**{variable: "1"}),
+def test_an_environment_the_imports_did_not_see_runs_in_a_fresh_interpreter(variable,
+                                                                           tmp_path):
+    value = "1"
+    if variable == "PYTHONPATH":  # a torch of its own: a fresh interpreter would import it
+        (tmp_path / "torch").mkdir()
+        (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('not this one')\n")
+        value = str(tmp_path)
+    assert cli_fork.run(DDL, ["sites"], cwd=None, env=_env(**{variable: value}),
                         timeout=120) is None
     # what only the run reads: still forked
     assert cli_fork.run(DDL, ["sites"], cwd=None, env=_env(DDL_ANYTHING="1"),
                         timeout=120).returncode == 0
+
+
+def test_a_plugin_on_pythonpath_is_found_by_a_forked_command(tmp_path):
+    """PYTHONPATH folders that only add modules (a third party's plugin package and its
+    dist-info) go on the fork's sys.path where a fresh interpreter puts them: the plugin
+    is listed by both, the same way."""
+    from conftest import install_plugin
+
+    env = _env(**install_plugin(tmp_path / "site", "forkedplugin", PLUGIN))
+    forked = cli_fork.run(DDL, ["plugins"], cwd=tmp_path, env=env, timeout=120)
+    assert forked is not None, "a plugin's folder needs no fresh interpreter"
+    fresh = run_ddl("plugins", cwd=tmp_path, env=env, fresh=True)
+    assert forked.returncode == fresh.returncode == 0, forked.stderr + fresh.stderr
+    assert "forkedwork" in forked.stdout
+    assert _same_for_both(forked.stdout, tmp_path) == _same_for_both(fresh.stdout, tmp_path)
+    # without the folder the plugin is not there: the listing above came from it
+    assert "forkedwork" not in cli_fork.run(DDL, ["plugins"], cwd=tmp_path, env=_env(),
+                                            timeout=120).stdout
+
+
+PLUGIN = """
+from ddl.contract import hookimpl
+from ddl_mnist.plugin import ddl_register_workloads as mnist_specs
+from dataclasses import replace
+
+
+@hookimpl
+def ddl_register_workloads():
+    return [replace(spec, name="forkedwork") for spec in mnist_specs()]
+"""
 
 
 def test_a_timeout_kills_the_command_and_its_workers(tmp_path, synthetic_mnist):
