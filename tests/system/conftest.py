@@ -60,7 +60,11 @@ WORKER_GROUPS = {"test_slurm.py": "slurm", "test_container.py": "container",
                  "test_container_builds.py": "container",
                  "test_container_runtime.py": "container",
                  "test_container_submit.py": "container",
-                 "test_browser.py": "browser"}  # one Chromium install (the `chromium` fixture)
+                 "test_browser.py": "browser",  # one Chromium install (the `chromium` fixture)
+                 # one fresh venv with the example plugin installed (a module fixture): its
+                 # tests handed out one by one built it on both workers
+                 "test_example_plugin.py": "example-plugin",
+                 "test_gpt_example_plugin.py": "gpt-plugin"}
 
 
 def worker_group(nodeid: str) -> str | None:
@@ -91,8 +95,8 @@ def pytest_xdist_make_scheduler(config, log):
 # given a 5-minute group when the other is nearly done. Within the Slurm group the
 # time-limit requeue goes first: it waits on Slurm the longest (a signal 15-45 s in, then a
 # requeue), and the others' jobs run beside it on the second node.
-FIRST = ("slurm", "container", "test_gpt_example_plugin.py", "test_example_plugin.py",
-         "test_check_plugin.py", "test_main_job.py", "test_bootstrap.py")
+FIRST = ("slurm", "container", "gpt-plugin", "example-plugin", "test_check_plugin.py",
+         "test_main_job.py", "test_bootstrap.py")
 FIRST_IN_GROUP = ("test_time_limit_requeues",)
 
 
