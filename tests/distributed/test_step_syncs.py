@@ -5,7 +5,9 @@ torch's sync debug mode, which the GPU kit runs). The runs here: MNIST under DDP
 gradient clipping and a progress line every 3 steps (its reads must be counted, and
 attributed to --log-every), T5 tiny under FSDP with clipping and under the pipeline.
 Syncs torch makes in C++ (a mask index) are invisible on a CPU: the GPU kit's CUDA mode
-covers those. Runs use the session's rank pools (tests/pool_train.py)."""
+covers those. Runs use the session's rank pools (tests/pool_train.py), and evaluate the first
+8 val and test samples only (`--eval-samples`): the counts are of the training steps, which
+the evaluation after them cannot change (T5's full splits were 48 articles of generation each)."""
 
 import pytest
 
@@ -14,7 +16,7 @@ from pool_train import prepare, train_cell
 pytestmark = pytest.mark.distributed
 
 STEPS = ["--preset", "tiny", "--epochs", "1", "--steps-per-epoch", "7", "--seed", "7",
-         "--count-syncs", "--check-every", "1000"]
+         "--count-syncs", "--check-every", "1000", "--eval-samples", "8"]
 
 
 def _breakdown(pools, tmp_path, args, nproc=2):
