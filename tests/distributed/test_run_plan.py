@@ -100,6 +100,11 @@ sys.meta_path.insert(0, WatchOnImport({"ddl.worker.train.precision": [
 '''
 
 
+# The runs evaluate the first 16 val and test samples only: what is counted is decided
+# before training, and a full evaluation of the default (course) preset was a share of
+# each run's CPU time.
+EVAL = ("--eval-samples", "16")
+
 # decided once per `ddl train` (the pre-flight), read by its workers
 RESOLVED = {"resolve_preset": 1, "resolve_batch": 1, "scaled_lr": 1, "resolve_layout": 1,
             "resolve": 1, "plan_cores": 1}
@@ -117,7 +122,7 @@ def test_each_decision_is_made_once_per_train(tmp_path, synthetic_mnist):
     (hooks / "sitecustomize.py").write_text(WATCHER)
     log = tmp_path / "decisions.jsonl"
     proc = run_ddl("train", "--site", "local", "--nproc", "2", "--epochs", "1",
-                   "--steps-per-epoch", "2", "--data-dir", str(synthetic_mnist),
+                   "--steps-per-epoch", "2", *EVAL, "--data-dir", str(synthetic_mnist),
                    cwd=tmp_path, env={"PYTHONPATH": str(hooks),
                                       "DDL_TEST_DECISION_LOG": str(log)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -184,7 +189,7 @@ def test_each_rank_started_by_a_launcher_decides_once(tmp_path, synthetic_mnist)
     ddl = Path(sys.executable).with_name("ddl")
     procs = [subprocess.Popen(
         [str(ddl), "train", "--site", "local", "--epochs", "1", "--steps-per-epoch", "2",
-         "--global-batch-size", "32", "--batch-size", "8", "--data-dir",
+         "--global-batch-size", "32", "--batch-size", "8", *EVAL, "--data-dir",
          str(synthetic_mnist), "--run-dir", str(tmp_path / "run")],
         env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=tmp_path, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in (0, 1)]
