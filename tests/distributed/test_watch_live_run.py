@@ -4,18 +4,24 @@ steps, `ddl watch` without it ends with exit 0 once the run has finished, and th
 its live state (finished) and its TensorBoard events (when tensorboard is installed).
 
 No sleeps as synchronisation: the test polls for the live files with a deadline.
+
+The run is forked as run_ddl forks every command (tests/cli_fork.py), in a thread: a fresh
+interpreter's launcher imported torch, and its fork server torchvision, again (~4 CPU-s)
+for what the preloaded server holds; the launcher, its workers and their live state are the
+same.
 """
 
 import importlib.util
 import json
-import os
 import re
-import signal
-import subprocess
+import threading
 import time
+from pathlib import Path
 
 import pytest
-from conftest import DDL, run_ddl
+import cli_fork
+import rankpool
+from conftest import live_workers, run_ddl
 
 pytestmark = pytest.mark.distributed
 
@@ -29,25 +35,67 @@ def _live(run_dir, rank):
         return None
 
 
+class _Background:
+    """``run_ddl(*args)`` in a thread: ``done`` (its CompletedProcess) once it has ended."""
+
+    def __init__(self, args, cwd: Path, timeout: float = 300) -> None:
+        rankpool.context()  # the fork server started in this thread, not in the run's
+        self.done = self.error = None
+        self.thread = threading.Thread(target=self._run, args=(args, cwd, timeout),
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, args, cwd, timeout) -> None:
+        try:
+            self.done = run_ddl(*args, cwd=cwd, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test by result()
+            self.error = exc
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
+
+    def result(self, timeout: float):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the run did not end within {timeout:g} s"
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+    def end(self, run_dir: Path) -> None:
+        """After the test: kill the launcher's session (a forked command leads its own)
+        if the run still goes; the launcher is the grandparent of a worker (its fork
+        server's parent). With no worker yet, run_ddl's own timeout ends it."""
+        if self.thread.is_alive():
+            for pid in live_workers(run_dir).values():
+                launcher = _parent(_parent(pid))
+                if cli_fork.session_of(launcher) == launcher:
+                    cli_fork.kill_session(launcher)
+                break
+        self.thread.join(60)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def test_watch_follows_a_live_run(tmp_path, synthetic_mnist):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # batch 32: ~60 steps per epoch, a few seconds of training on 2 busy cores
-    proc = subprocess.Popen([DDL, "train", "--plugin", "mnist", "--preset", "tiny",
-                             "--nproc", "2", "--epochs", str(EPOCHS), "--global-batch-size",
-                             "32", "--log-every", "10", "--seed", "3", "--data-dir",
-                             str(synthetic_mnist), "--run-dir", str(run_dir)],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env=env)
+    proc = _Background(["train", "--plugin", "mnist", "--preset", "tiny", "--nproc", "2",
+                        "--epochs", str(EPOCHS), "--global-batch-size", "32", "--log-every",
+                        "10", "--seed", "3", "--data-dir", str(synthetic_mnist),
+                        "--run-dir", str(run_dir)], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
         while not all((d := _live(run_dir, r)) and d["phase"] == "training" for r in (0, 1)):
-            assert proc.poll() is None, f"the run ended before training: {proc.communicate()}"
+            if not proc.running():
+                done = proc.result(0)
+                pytest.fail(f"the run ended before training: {done.stdout}{done.stderr}")
             assert time.monotonic() < deadline, "no live state of both ranks within 300 s"
             time.sleep(0.05)
 
         once = run_ddl("watch", str(run_dir), "--once", timeout=60)
-        still_training = proc.poll() is None
+        still_training = proc.running()
         assert once.returncode == 0, once.stdout + once.stderr
         assert "mnist (tiny) with ddp on 2 rank(s)" in once.stdout, once.stdout
         rows = [line.split() for line in once.stdout.splitlines()
@@ -60,12 +108,11 @@ def test_watch_follows_a_live_run(tmp_path, synthetic_mnist):
         watched = run_ddl("watch", str(run_dir), "--interval", "0.5", timeout=300)
         assert watched.returncode == 0, watched.stdout + watched.stderr
         assert "ddl watch: the run finished" in watched.stdout, watched.stdout
-        out, err = proc.communicate(timeout=120)
+        trained = proc.result(120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    assert proc.returncode == 0, out + err
+        proc.end(run_dir)
+    out, err = trained.stdout, trained.stderr
+    assert trained.returncode == 0, out + err
     assert "Traceback" not in watched.stderr + once.stderr
 
     for rank in (0, 1):  # the last word of every rank
