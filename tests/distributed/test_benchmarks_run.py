@@ -1,25 +1,96 @@
 """The overhead and start-up benchmarks run in one command each and write their JSON.
 Only the structure is checked: speed targets are the benchmarks' business (their exit
-codes), never a test assertion."""
+codes), never a test assertion.
+
+The data-loading and block-options benchmarks, which import torch (and torchvision,
+transformers) themselves and time nothing that an import could change, run as `python
+SCRIPT` forked from the session's fork server (tests/rankpool.py), which holds those imports
+(~4 CPU-s each in a fresh interpreter): the script's own folder first on sys.path, its
+arguments, cwd and environment, run as __main__, its exit code (a fresh interpreter under
+DDL_TEST_CLI=exec, or where the environment differs from the server's in what an import
+reads). The overhead and CLI start-up benchmarks start fresh interpreters themselves, which
+is what they time."""
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+import cli_fork
+import rankpool
+from conftest import DDL, REPO
 
 pytestmark = pytest.mark.distributed
 
+# The forked child's code, run by exec (a builtin, so the child imports no test module):
+# its own session (a timeout kills what it started too), stdout and stderr to files, then
+# the script as `python SCRIPT ARGS` runs it.
+_AS_SCRIPT = """
+import atexit, os, runpy, signal, sys
+os.setsid()
+for fd, name in ((1, OUT), (2, ERR)):
+    target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(target, fd)
+    os.close(target)
+os.chdir(CWD)
+os.environ.clear()
+os.environ.update(ENV)
+sys.path[:] = PATH
+sys.argv = ARGV
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+try:
+    runpy.run_path(ARGV[0], run_name="__main__")
+finally:
+    atexit._run_exitfuncs()
+"""
+
+
+def _forked_script(argv: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``python ARGV`` (a script and its arguments) forked from the fork server, in this
+    process's environment (the server's: nothing an import reads differs)."""
+    path = [str(Path(argv[0]).parent), *cli_fork._sys_path(DDL)[1:]]  # python SCRIPT's
+    with tempfile.TemporaryDirectory(prefix="ddl-script-") as scratch:
+        out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
+        names = {"OUT": str(out), "ERR": str(err), "CWD": str(cwd), "PATH": path,
+                 "ARGV": list(argv), "ENV": dict(os.environ)}
+        proc = rankpool.context().Process(target=exec, args=(_AS_SCRIPT, names))
+        proc.start()
+        try:
+            proc.join(timeout)
+        finally:
+            if proc.exitcode is None:  # timed out, or the test was ended around us
+                cli_fork.kill_session(proc.pid)
+                proc.join(30)
+        stdout, stderr = (p.read_text(errors="replace") if p.exists() else "" for p in (out, err))
+    assert proc.exitcode is not None and proc.exitcode >= 0, \
+        f"killed ({proc.exitcode}) after {timeout:g} s: {argv}\n{stdout}\n{stderr}"
+    return subprocess.CompletedProcess(argv, proc.exitcode, stdout, stderr)
+
+
+def _same_imports_as_the_fork_server() -> bool:
+    """This process's environment differs from the fork server's only in what is read at
+    run time (tests/cli_fork.py): else the script needs a fresh interpreter."""
+    server = rankpool.fork_server_env()
+    return all(cli_fork.forkable(key) for key in set(server) | set(os.environ)
+               if server.get(key) != os.environ.get(key))
+
 
 def _run_benchmark(script: str, out, *args: str, timeout: float,
-                   exit_codes=(0, 1)) -> dict:
+                   exit_codes=(0, 1), forked: bool = False) -> dict:
     """Run benchmarks/<script> writing its JSON to ``out``; exit code 1 means a speed
-    target was missed, which is the benchmark's verdict, not the test's."""
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args,
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    target was missed, which is the benchmark's verdict, not the test's. ``forked``: from
+    the fork server (above), for the benchmarks that import torch and time no start-up."""
+    argv = [str(REPO / "benchmarks" / script), *args, "--out", str(out)]
+    if forked and cli_fork.enabled() and _same_imports_as_the_fork_server():
+        proc = _forked_script(argv, cwd=REPO, timeout=timeout)
+    else:
+        proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True,
+                              text=True, timeout=timeout)
     assert proc.returncode in exit_codes, proc.stdout + proc.stderr
     assert out.exists(), proc.stdout + proc.stderr  # a crash also exits 1: show why
     return json.loads(out.read_text())
@@ -55,19 +126,21 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, syntheti
 
 
 def test_cli_startup_benchmark_writes_medians(tmp_path):
-    result = _run_benchmark("cli_startup.py", tmp_path / "startup.json", "--repeats", "3",
+    # 2 timed repeats of each command (and the untimed first of each): alternation and
+    # medians as with 11; each repeat is a fresh interpreter
+    result = _run_benchmark("cli_startup.py", tmp_path / "startup.json", "--repeats", "2",
                             "--first-step-repeats", "1", timeout=300)
     assert len(result["time_to_first_step"]["runs_s"]) == 1
     commands = result["commands"]
     assert set(commands) == {"ddl --help", "ddl submit --dry-run"}
     for row in commands.values():
-        assert len(row["runs_s"]) == 3 and row["min_s"] <= row["median_s"] <= row["max_s"]
+        assert len(row["runs_s"]) == 2 and row["min_s"] <= row["median_s"] <= row["max_s"]
 
 
 def test_data_loading_benchmark_reports_images_per_second(tmp_path, synthetic_imagewoof):
     result = _run_benchmark("data_loading.py", tmp_path / "loading.json", "--preset", "tiny",
-                            "--workers", "0,1", "--batches", "2", "--data-dir",
-                            str(synthetic_imagewoof), timeout=300,
+                            "--workers", "0,1", "--batches", "2", "--warmup", "0",
+                            "--data-dir", str(synthetic_imagewoof), timeout=300, forked=True,
                             exit_codes=(0,))  # no target: any failure is a failure
     assert [r["workers"] for r in result["runs"]] == [0, 1]
     assert all(r["images_per_s"] > 0 for r in result["runs"]) and result["synthetic"]
@@ -81,7 +154,7 @@ def test_block_options_benchmark_reports_activation_memory(tmp_path, synthetic_x
     run's shared synthetic sets (its own `ddl prepare` of each was 11 of its 22 CPU s)."""
     result = _run_benchmark("block_options.py", tmp_path / "block.json", "--quick", "--parts",
                             "memory", "--data-dir", f"xsum={synthetic_xsum}", "--data-dir",
-                            f"imagewoof={synthetic_imagewoof}", timeout=600)
+                            f"imagewoof={synthetic_imagewoof}", timeout=600, forked=True)
     for plugin in ("xsum", "imagewoof"):
         saved = result["activation_memory"][plugin]["saved_for_backward_bytes"]
         assert set(saved) == {"none", "full", "selective"} and min(saved.values()) > 0
