@@ -5,7 +5,12 @@ and last stage each hold a copy of the tied embedding, whose gradient the strate
 across them. The single-process test checks that the stages compose to the model exactly;
 the multi-process tests train 3 AdamW steps with GPipe (2 ranks, through the real CLI),
 1F1B (4 ranks, 4 stages), interleaved 1F1B (2 ranks x 2 stages) and 2 replicas x 2 stages
-(on the session's rank pools) against one process.
+(on the session's rank pools) against one process (on the pool of one; the step losses
+GPipe's rank 0 prints are compared with those the reference logged to its TensorBoard
+events, the values its progress lines print). Each run evaluates the first 16 val and test
+articles (`--eval-samples 16`, as the equivalence matrix): the final evaluation cannot move
+the weights, 16 still divide among the replicas, and ROUGE is over the first 16 test
+articles either way.
 
 The weights are compared by conftest.assert_same_weights (AdamW: each tensor to 1e-5
 relative): Adam turns a rounding difference in a near-zero gradient into a visible
@@ -26,7 +31,8 @@ from pool_train import prepare, train_cell
 pytestmark = pytest.mark.distributed
 
 COMMON = ["train", "--plugin", "xsum", "--preset", "tiny", "--global-batch-size", "16",
-          "--epochs", "1", "--steps-per-epoch", "3", "--seed", "7", "--log-every", "1"]
+          "--epochs", "1", "--steps-per-epoch", "3", "--seed", "7", "--log-every", "1",
+          "--eval-samples", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +58,22 @@ def _train(tmp_path, data_dir, nproc, strategy, *extra, pools=None):
             torch.load(run_dir / "model.pt", weights_only=True), step_losses)
 
 
+def _logged_step_losses(run_dir):
+    """Rank 0's step losses as the run logged them (``train/step_loss`` in its TensorBoard
+    events, every --log-every steps: the values its progress lines print)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return [e.value for e in events.Scalars("train/step_loss")]
+
+
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, xsum_data):
-    return _train(tmp_path_factory.mktemp("ref"), xsum_data, 1, "ddp")
+def single(tmp_path_factory, xsum_data, rank_pools):
+    """One process, on the pool of one; its step losses from its TensorBoard events."""
+    tmp = tmp_path_factory.mktemp("ref")
+    results, weights, _ = _train(tmp, xsum_data, 1, "ddp", pools=rank_pools)
+    return results, weights, _logged_step_losses(tmp / "ddp-1")
 
 
 @pytest.mark.parametrize("cuts", [[2], [1], [3], [1, 2, 3]])
