@@ -1,8 +1,10 @@
 """`ddl train --mesh auto` (issue 41) trains with the layout `ddl plan`'s models rank
-first on these 4 local processes, and results.json keeps the prediction (`plan.predicted`)
+first on these local processes, and results.json keeps the prediction (`plan.predicted`)
 beside what the run measured: the layout it ran is the predicted one, and the predicted
 model state of the fullest rank matches the measured one within 5 % (the acceptance's
-rule for model state)."""
+rule for model state). 2 processes, not 4: the plan still chooses among every kind of
+split (63 layouts: replicated, sharded, tensor and pipeline parallel), and the plan's
+timing of T5 and the training on 4 ranks cost ~45 % more CPU (2026-11-30)."""
 
 import json
 
@@ -14,7 +16,7 @@ pytestmark = pytest.mark.distributed
 
 
 def test_mesh_auto_runs_the_plans_choice_and_records_it(tmp_path, synthetic_xsum):
-    proc = run_ddl("train", "--plugin", "xsum", "--preset", "tiny", "--nproc", "4",
+    proc = run_ddl("train", "--plugin", "xsum", "--preset", "tiny", "--nproc", "2",
                    "--mesh", "auto", "--epochs", "1", "--steps-per-epoch", "2",
                    "--data-dir", str(synthetic_xsum), "--run-dir", str(tmp_path / "run"),
                    cwd=tmp_path)
