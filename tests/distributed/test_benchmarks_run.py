@@ -125,11 +125,13 @@ def test_overhead_benchmark_writes_three_loops_and_the_ratios(tmp_path, syntheti
     assert result["machine"]["cpus"] >= 1
 
 
-def test_cli_startup_benchmark_writes_medians(tmp_path):
+def test_cli_startup_benchmark_writes_medians(tmp_path, synthetic_mnist):
     # 2 timed repeats of each command (and the untimed first of each): alternation and
-    # medians as with 11; each repeat is a fresh interpreter
+    # medians as with 11; each repeat is a fresh interpreter. The first-step run on the
+    # session's MNIST (without it, a fresh clone's ./data got a 12000-image MNIST written)
     result = _run_benchmark("cli_startup.py", tmp_path / "startup.json", "--repeats", "2",
-                            "--first-step-repeats", "1", timeout=300)
+                            "--first-step-repeats", "1", "--data-dir", str(synthetic_mnist),
+                            timeout=300)
     assert len(result["time_to_first_step"]["runs_s"]) == 1
     commands = result["commands"]
     assert set(commands) == {"ddl --help", "ddl submit --dry-run"}
