@@ -17,10 +17,8 @@ deleted afterwards. The numbers come from its results.json, as every run records
   less its baseline (``baseline_rss_bytes``: the resident set when the build began -
   Python, torch, gloo, the data), against the plan's peak less the interpreter baseline
   it measured while planning (ddl.planning.peak_model);
-- step time: the median of the timed epochs' training times over their steps (the
-  first epoch is warm-up, as in every ddl summary; 3 timed epochs of 10 steps), against
-  the plan's ``step_s`` where the plan predicts one ("n/a"
-  where it does not: a site without a peak FLOP rate and link speeds, e.g. ``local``).
+- step time: the median of the timed epochs (all but the warm-up first) per step,
+  against the plan's ``step_s`` ("n/a" where the plan has none).
 
 Predicted values are the fullest rank's (the plan's row: most model state + activations);
 measured ones are the rank the run measured fullest by the same sum (``measured.rank``).
@@ -36,9 +34,7 @@ All of a plan's layouts share one world size (nodes x processes per node), so ei
 machine can run them all or none: a GPU plan needs that many GPUs here, on one node, or a
 Slurm job of the plan's nodes on its site (``ddl plan --verify K --submit`` writes and
 submits that job: commands/plan_job). Inside such a job each layout runs as an srun step
-over the job's nodes, one task per process (``ddl train --launcher srun``, whatever the
-site's usual launch style).
-A layout squeezed onto fewer ranks than it was planned for would be another layout (other
+over the job's nodes (``ddl train --launcher srun``). A layout squeezed onto fewer ranks than it was planned for would be another layout (other
 shards, other batches per rank), proving nothing about the plan, so that is refused in one
 line before any planning, not run as a stand-in. On a CPU, any number of processes runs
 here; a CPU plan of several nodes runs on this one machine (its memory is the same per
@@ -60,13 +56,10 @@ from typing import Any
 from ddl.contract.errors import UsageError
 from ddl.planning.memory_model import size_text
 
-# the first epoch is warm-up: step time from the others. 10 steps: ddl's saved-tensor meter
-# runs on an epoch's first 2 (ddl.worker.train.epoch) and the epoch's end reduces the
-# metrics; with 3 steps both weighed in the step time (MNIST tiny DDP, 2 ranks: 14 ms a
-# step over 3, against ~6 ms in steady state), which the plan's step does not count.
-# 3 timed epochs, their median: one epoch of 10 steps varied by ~30 % from run to run on
-# a 2-core host (CIFAR tiny DDP: 25.7 and 33.9 ms a step), as much as the 25 % the plan's
-# step time is judged by (docs/plan.md "CPU sites").
+# The first epoch is warm-up. 10 steps: the saved-tensor meter (an epoch's first 2 steps)
+# and the epoch's metric reduction weighed in a 3-step epoch's time (MNIST tiny DDP: 14 ms
+# a step against ~6). The median of 3 timed epochs: one epoch varied ~30 % between runs on
+# a 2-core host (CIFAR tiny DDP 25.7 and 33.9 ms), as much as the plan's 25 % bar.
 EPOCHS, STEPS = 4, 10
 
 
@@ -313,8 +306,7 @@ def measured(results: dict[str, Any], pp_rank: int | None = None) -> dict[str, A
 
 
 def timed_epoch_s(results: dict[str, Any]) -> float | None:
-    """The median training time of the run's timed epochs (all but the warm-up one), or
-    the summary's mean where results.json lists no epochs."""
+    """The median time of the run's timed epochs (not the warm-up), else the summary's."""
     import statistics
 
     timed = [e["time_s"] for e in results.get("epochs") or []
