@@ -53,6 +53,7 @@ class Heartbeat:
         self.watched = _watched_by(world.rank, world.size)
         self.where: dict[int, str] = {}  # "HOST PID" of each watched rank
         store.set(f"{_PREFIX}who/{world.rank}", f"{socket.gethostname()} {os.getpid()}")
+        self._learn_where_at_start()
         self.answered = time.monotonic()  # the store's last answer to this rank
         threading.Thread(target=self._run, name="ddl-heartbeat", daemon=True).start()
         if world.rank == 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -94,6 +95,23 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - the store closed: the run is ending
                 self.stopped.set()  # (a stopped host does not close it: calls just wait)
                 return
+
+    def _learn_where_at_start(self) -> None:
+        """Where each watched rank runs, before this rank beats: every rank says so as it
+        starts its heartbeat, right after joining, so the wait is short. Learnt only at the
+        first pass, a beat later, a rank frozen before that pass was named without its pid
+        and not killed: forked workers reached their first checkpoint within one interval
+        (tests/distributed/test_faults_signals.py). Bounded by the hang timeout; a rank that
+        has not said so by then is looked up on every pass (:meth:`_learn_where`)."""
+        keys = [f"{_PREFIX}who/{r}" for r in self.watched]
+        if not keys:
+            return
+        try:
+            self.store.wait(keys, timedelta(seconds=self.timeout_s))
+        except Exception:  # noqa: BLE001, S110 - not yet there: learnt later, or never
+            return
+        for rank in self.watched:
+            self._learn_where(rank)
 
     def _learn_where(self, rank: int) -> None:
         """Where ``rank`` runs, once it has said so. Looked up on every pass, not only at its
