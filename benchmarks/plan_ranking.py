@@ -23,7 +23,8 @@ the bars of issue 51 (``bars``):
 ``--check`` judges a results file again and exits 1 when a bar is missed (each miss one
 line). Step times on a CPU are the machine's: run it on quiet cores (the JSON records the
 load average before and after); one verify epoch of 10 steps varied ~30 % between runs on
-the 2-core host, so verify takes the median of 3 timed epochs.
+the 2-core host, so verify takes the median of 3 timed epochs. The gloo links and the
+matmul rate are measured afresh in each run (a cache directory of its own).
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ def run(workloads: tuple[str, ...]) -> dict:
     with tempfile.TemporaryDirectory(prefix="ddl-plan-ranking-") as tmp:
         site = Path(tmp) / "site"
         install_gpt_example(site)
-        env = {**os.environ, "OMP_NUM_THREADS": "1",
+        # a cache of its own: the gloo links and the matmul rate are measured in this run,
+        # on the machine as it is now (a week-old entry from a busy hour decided the
+        # pipeline's hand-offs once: 3 ms a message against 1.3 ms measured quiet)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "DDL_CACHE_DIR": str(Path(tmp) / "cache"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(site), str(GPT_SRC),
                                                            os.environ.get("PYTHONPATH")]))}
         for plugin in workloads:

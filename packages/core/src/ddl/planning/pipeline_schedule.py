@@ -1,6 +1,8 @@
-"""Which micro-batches a pipeline rank holds for backward, from its schedule's order:
-GPipe and 1F1B from ddl.planning.memory_model, the interleaved and looped schedules
-from torch's own classes (ddl.planning.plan_probe walks each stage's bytes with it)."""
+"""A pipeline schedule's order of work per rank, and what follows from it: which
+micro-batches a rank holds for backward (GPipe and 1F1B from ddl.planning.memory_model,
+the interleaved and looped schedules from torch's own classes; ddl.planning.plan_probe
+walks each stage's bytes with it), the bubble, and how long the ranks wait for the
+hand-offs between stages (:func:`handoff_wait`)."""
 
 from __future__ import annotations
 
@@ -56,3 +58,73 @@ def rank_activation_bytes(schedule: str, layout: ParallelLayout, rank: int,
     pp_rank = layout.coordinates(rank)["pp"]
     actions = pipeline_actions(schedule, layout.pp, pp_rank, microbatches, stages_per_rank)
     return pipeline_peak(actions, dict(enumerate(per_stage)))
+
+
+MULTI_STAGE = ("interleaved1f1b", "looped_bfs", "interleaved_zb")
+
+
+def bubble(pp: int, microbatches: int, schedule: str = "1f1b", stages_per_rank: int = 1,
+           largest_share: float | None = None) -> float:
+    """Idle share of a pipeline step: (p-1) / (m+p-1) for GPipe and 1F1B, with ``v m``
+    for m under the schedules of ``v`` stages per rank. ``largest_share``: the slowest
+    stage's share of the FLOPs when stages differ (None: 1/p): a step then takes
+    ((m-1) s + 1) micro-batch times where the rank computes m s of them."""
+    if pp <= 1:
+        return 0.0
+    m = max(microbatches, 1) * (stages_per_rank if schedule in MULTI_STAGE else 1)
+    s = largest_share if largest_share else 1 / pp
+    return 1 - m * s / ((m - 1) * s + 1)
+
+
+def handoff_wait(schedule: str, microbatches: int, forward_s: list[float],
+                 backward_s: list[float], message_s: float) -> float | None:
+    """Seconds one run of a one-stage-per-rank schedule (GPipe, 1F1B) takes longer because
+    each hand-off between stages (an activation forward, its gradient back) arrives
+    ``message_s`` after it was sent: the run's span with that delay less its span without.
+    ``forward_s``/``backward_s``: one micro-batch's forward and backward on each stage.
+    None for the schedules with several stages per rank (not simulated).
+
+    The span comes from walking every rank's compute order as torch.distributed.pipelining
+    runs it (:func:`ddl.planning.memory_model.single_stage_actions`): a stage's forward of
+    micro-batch i starts when its rank is free and the previous stage's forward of i has
+    arrived, its backward when the next stage's backward of i has. What the delay costs
+    depends on the schedule: GPipe pays it in the fill and the drain only, 1F1B (which
+    keeps at most p - rank micro-batches in flight) also in the steady state wherever a
+    round trip outlasts the work a rank has in hand (on 2 stages: on every micro-batch)."""
+    if schedule not in ("gpipe", "1f1b"):
+        return None
+    return (_span(schedule, microbatches, forward_s, backward_s, message_s)
+            - _span(schedule, microbatches, forward_s, backward_s, 0.0))
+
+
+def _span(schedule: str, microbatches: int, forward_s: list[float], backward_s: list[float],
+          delay_s: float) -> float:
+    from ddl.planning.memory_model import single_stage_actions
+
+    pp = len(forward_s)
+    orders = [single_stage_actions(schedule, microbatches, pp, r) for r in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}  # (kind, rank, micro-batch) -> end
+    free = [0.0] * pp  # when each rank finishes its last action
+    position = [0] * pp  # next action of each rank
+    seen = [{"F": 0, "B": 0} for _ in range(pp)]  # micro-batches each rank began, by kind
+    moved = True
+    while moved:  # each pass runs every action whose input has arrived
+        moved = False
+        for r in range(pp):
+            while position[r] < len(orders[r]):
+                kind = orders[r][position[r]][0]
+                i = seen[r][kind]
+                source = (r - 1 if kind == "F" else r + 1)
+                if 0 <= source < pp:
+                    arrived = done.get((kind, source, i))
+                    if arrived is None:
+                        break  # waits for a neighbour not simulated this far yet
+                    start = max(free[r], arrived + delay_s)
+                else:
+                    start = free[r]
+                free[r] = start + (forward_s[r] if kind == "F" else backward_s[r])
+                done[(kind, r, i)] = free[r]
+                seen[r][kind] += 1
+                position[r] += 1
+                moved = True
+    return max(free)

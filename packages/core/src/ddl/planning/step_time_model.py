@@ -40,7 +40,7 @@ Per layout, per optimizer step (``accumulation`` micro-steps):
   with its own latency, on the intra-node link (tp divides a node's GPUs); full activation
   checkpointing repeats the forward's (3 per layer);
 - pipeline parallel: each boundary sends the activations forward and their gradients back,
-  point-to-point, per pipeline micro-batch; the step is stretched by the schedule's bubble:
+  point-to-point, per micro-batch (what a rank waits for: Overlap); the bubble stretches it:
   ``(p-1) / (m + p-1)`` for GPipe and 1F1B, ``(p-1) / (v m + p-1)`` for the interleaved
   schedules with v stages per rank (Narayanan et al. 2021, sec. 2.2); zero-bubble schedules
   get the interleaved number (an upper bound for them). Unequal stages: the slowest stage
@@ -69,7 +69,8 @@ with the forward's third of a micro-step's compute hiding the forward gathers an
 backward's two thirds (plus recomputation) the backward's gathers and reductions. DDP's
 bucketed all-reduce overlaps the backward the same way (all but its last bucket; PyTorch
 docs, notes/ddp.rst). Tensor parallel's all-reduces sit between a layer's matrix products
-and are all exposed; so are the pipeline's hand-offs.
+and are all exposed. A pipeline waits for its hand-offs as its schedule's order makes it
+(walked per rank: ddl.planning.pipeline_schedule.handoff_wait; GPipe and 1F1B).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from dataclasses import dataclass, field
 from ddl.contract.layout import ParallelLayout
 # re-exported: callers name the link model through the step-time model
 from ddl.planning.collective_cost import OPS, Link, Network, ring_factors  # noqa: F401
+from ddl.planning.pipeline_schedule import MULTI_STAGE, bubble, handoff_wait  # noqa: F401
 
 RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # assumed where not measured
 ASSUMED_GPU_EFFICIENCY = 0.4  # model FLOPs utilisation assumed on a GPU: ranks, not promises
@@ -182,20 +184,6 @@ class StepTime:
                 "bubble": self.bubble}
 
 
-def bubble(pp: int, microbatches: int, schedule: str = "1f1b", stages_per_rank: int = 1,
-           largest_share: float | None = None) -> float:
-    """Idle share of a pipeline step: (p-1) / (m+p-1) for GPipe and 1F1B, with ``v m``
-    for m under the schedules of ``v`` stages per rank. ``largest_share``: the slowest
-    stage's share of the FLOPs when stages differ (None: 1/p): a step then takes
-    ((m-1) s + 1) micro-batch times where the rank computes m s of them."""
-    if pp <= 1:
-        return 0.0
-    m = max(microbatches, 1) * (stages_per_rank if schedule in MULTI_STAGE else 1)
-    s = largest_share if largest_share else 1 / pp
-    return 1 - m * s / ((m - 1) * s + 1)
-
-
-MULTI_STAGE = ("interleaved1f1b", "looped_bfs", "interleaved_zb")
 
 
 def recompute_share(layout: StepLayout, sizes: Sizes | None = None) -> float:
@@ -207,10 +195,10 @@ def recompute_share(layout: StepLayout, sizes: Sizes | None = None) -> float:
 
 
 def measured_parts(layout: StepLayout, compute: Compute, sizes: Sizes | None = None
-                   ) -> tuple[float, float, float] | None:
+                   ) -> tuple[float, float, tuple[float, ...]] | None:
     """From a CPU's measured costs (``compute.costs``), on one thread and before the
     cores are shared: (the slowest stage's passes per step, the optimizer's step over
-    what the rank holds, that stage's share of one micro-batch's time through all
+    what the rank holds, each stage's share of one micro-batch's time through all
     stages), or None where the costs do not cover the layout's pipeline degree (the
     second number also holds fetching the step's batches). A pass
     of n samples costs ``pass_s + n sample_s / tp`` (tensor parallel splits the
@@ -240,7 +228,8 @@ def measured_parts(layout: StepLayout, compute: Compute, sizes: Sizes | None = N
                 if kind == "fsdp" else 1
             passes += layout.accumulation * m * wrap[kind]["pass_s"] * max(units, 1)
             optimizer += wrap[kind]["optimizer_s"] * share
-    return passes, optimizer + fetch, slowest / sum(times) if sum(times) else 1.0
+    return passes, optimizer + fetch, tuple(t / sum(times) if sum(times) else 1 / len(times)
+                                            for t in times)
 
 
 def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Compute,
@@ -378,20 +367,32 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
               sizes: Sizes, network: Network, crosses: Mapping[str, bool] | None = None,
               local_ranks: int | None = None) -> StepTime:
     """Compute stretched by the pipeline bubble, plus the communication compute does not
-    hide (on a CPU: all of it)."""
+    hide (on a CPU: all of it); a pipeline's hand-offs as long as its schedule waits for
+    them (:func:`ddl.planning.pipeline_schedule.handoff_wait`)."""
     busy = compute_seconds(layout, flops_per_sample, compute, local_ranks, sizes)
-    shares = sizes.stage_shares if layout.mesh.pp > 1 else ()
-    largest = max(shares) if shares else None
+    mesh, crosses = layout.mesh, crosses or {}
+    shares = tuple(sizes.stage_shares) if mesh.pp > 1 else ()
     measured = measured_parts(layout, compute, sizes) if compute.cpu else None
     stretched = busy
     if measured is not None:  # the measured stage times set the fill and drain; the
         # optimizer runs once, after the schedule
-        largest = measured[2] if layout.mesh.pp > 1 else None
+        shares = measured[2] if mesh.pp > 1 else ()
         stretched = busy * measured[0] / (measured[0] + measured[1]) \
             if measured[0] + measured[1] else busy
-    b = bubble(layout.mesh.pp, layout.microbatches, layout.schedule, layout.stages_per_rank,
-               largest)
+    b = bubble(mesh.pp, layout.microbatches, layout.schedule, layout.stages_per_rank,
+               max(shares) if shares else None)
     comm = comm_seconds(layout, sizes, network, crosses)
     exposed = exposed_seconds(layout, sizes, network, busy, crosses, overlap=not compute.cpu)
+    if "pp" in exposed:
+        shares = shares if len(shares) == mesh.pp else (1 / mesh.pp,) * mesh.pp
+        m = max(layout.microbatches, 1)
+        slowest = stretched / (max(layout.accumulation, 1) * m)  # one micro-batch, F + B
+        times = [slowest * share / max(shares) for share in shares]
+        message = network.link(bool(crosses.get("pp"))).seconds(
+            "p2p", sizes.boundary_bytes * layout.micro_batch / m, 2)
+        wait = handoff_wait(layout.schedule, m, [t / 3 for t in times],
+                            [t * 2 / 3 for t in times], message)
+        if wait is not None:  # else (several stages per rank): every hand-off exposed
+            exposed["pp"] = max(layout.accumulation, 1) * wait
     total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values())
     return StepTime(busy, comm, b, total, exposed)
