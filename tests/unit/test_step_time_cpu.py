@@ -111,6 +111,12 @@ def test_wrapper_host_work_is_charged_per_fsdp_unit_and_per_ddp_pass():
     assert two.total_s == pytest.approx(2 * 4 * 3e-3 + 5e-3)
     assert step(PP, wrapped, free, micro=64, microbatches=4) == step(PP, plain, free,
                                                                      micro=64, microbatches=4)
+    # a pipeline schedule's bookkeeping: per micro-batch, on the slowest stage, stretched
+    # by the bubble like its compute (m + p - 1 micro-batch times of 2 ms), and only there
+    piped = stm.Compute(5e10, 1.0, cpu=True, cores=2, costs=stm.CpuCosts(
+        stages, 0.0, 4e4, wrappers={"pipeline": {"pass_s": 2e-3, "optimizer_s": 0.0}}))
+    assert step(PP, piped, free, micro=64, microbatches=4) == pytest.approx(5 * 2e-3)
+    assert step(DDP, piped, free) == 0.0
 
 
 def test_wrapper_costs_are_measured_in_a_child_and_leave_no_process_group(synthetic_mnist):
@@ -127,7 +133,8 @@ def test_wrapper_costs_are_measured_in_a_child_and_leave_no_process_group(synthe
     torch.manual_seed(0)
     costs = wrapper_calibration.wrapper_costs(workload, workload.build_model(), inputs, targets)
     assert not dist.is_initialized()
-    assert set(costs) == {"ddp", "fsdp"}, costs
+    # MNIST has no tp_plan; its tensor inputs run through a one-stage pipeline schedule
+    assert set(costs) == {"ddp", "fsdp", "pipeline"}, costs
     assert costs["fsdp"]["units"] == len(workload.fsdp_units(workload.build_model())) + 1
     # FSDP2's hooks, copies and DTensor dispatch cost something; never a negative time
     assert costs["fsdp"]["pass_s"] > 0, costs

@@ -95,8 +95,9 @@ class CpuCosts:
     with its loss); ``optimizer_s``: zero_grad + step over the whole model, whose fp32
     parameters are ``param_bytes``; ``data``: a rank's fetch of one batch of n samples
     takes ``data[0] + n data[1]`` (every rank of a pipeline loads the batch);
-    ``wrappers``: the host work DDP, FSDP2 and tensor parallel add (``{"ddp": {"pass_s",
-    "optimizer_s"}, "fsdp": {"pass_s" per unit, ...}, "tp": {...}}``,
+    ``wrappers``: the host work DDP, FSDP2, tensor parallel and a pipeline schedule add
+    (``{"ddp": {"pass_s", "optimizer_s"}, "fsdp": {"pass_s" per unit, ...}, "tp": {...},
+    "pipeline": {"pass_s" per micro-batch}}``,
     ddl.planning.wrapper_calibration)."""
 
     stages: Mapping[int, tuple[tuple[float, float], ...]]
@@ -222,7 +223,7 @@ def measured_parts(layout: StepLayout, compute: Compute, sizes: Sizes | None = N
     mesh, wrap = layout.mesh, costs.wrappers
     data = ("fsdp" if mesh.dp_shard > 1 or (mesh.dp_replicate > 1 and mesh.tp * mesh.pp > 1)
             else "ddp" if mesh.dp_replicate > 1 else None)
-    for kind in (data, "tp" if mesh.tp > 1 else None):
+    for kind in (data, "tp" if mesh.tp > 1 else None, "pipeline" if mesh.pp > 1 else None):
         if kind in wrap:
             units = (sizes.units if sizes is not None else wrap[kind].get("units", 1)) \
                 if kind == "fsdp" else 1

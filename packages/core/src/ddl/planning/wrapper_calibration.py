@@ -4,7 +4,8 @@ the part of a wrapped step that neither the plain model's passes
 bare collectives) hold, and that decides small models' layouts: FSDP2's hooks, its
 all-gathers' copies in and out and DTensor's dispatch in the optimizer (MNIST tiny, 32
 samples: its 3 units added ~9 ms to an ~8 ms step on this 2-core VM; CIFAR tiny's 5 units
-~16 ms to ~21 ms), DDP's buckets, tensor parallel's DTensor dispatch per operator.
+~16 ms to ~21 ms), DDP's buckets, tensor parallel's DTensor dispatch per operator, and a
+pipeline schedule's bookkeeping per micro-batch (``_pipeline_runs``).
 
 The workload's real model is wrapped as ddl's strategies wrap it (ddl_strategies.ddp;
 .fsdp: each ``fsdp_units`` unit, then the root; .tp: the workload's ``tp_plan``) in a
@@ -23,6 +24,7 @@ import statistics
 import time
 
 REPEATS = 3  # rounds of each model's pass and step: 2 x REPEATS + 1, medians
+PIPELINE_MICROBATCHES = 4  # the one-stage schedule's micro-batches (a batch of 8: 2 each)
 
 
 def wrapper_costs(workload, model, inputs, targets) -> dict[str, dict[str, float]]:
@@ -120,6 +122,8 @@ def _time_wrappers(workload, model, inputs, targets) -> dict[str, dict[str, floa
                     raise
                 continue
             runs[kind] = (one_pass, step)
+        chunks = _pipeline_runs(workload, model, inputs, targets)
+        runs.update(chunks)
         times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in runs}
         for _ in range(2 * REPEATS + 1):
             for kind, (one_pass, step) in runs.items():
@@ -132,7 +136,43 @@ def _time_wrappers(workload, model, inputs, targets) -> dict[str, dict[str, floa
     median = {k: (statistics.median(p), statistics.median(s)) for k, (p, s) in times.items()}
     out = {kind: {"pass_s": max(median[kind][0] - median["plain"][0], 0.0),
                   "optimizer_s": max(median[kind][1] - median["plain"][1], 0.0)}
-           for kind in median if kind != "plain"}
+           for kind in median if kind not in ("plain", "chunks", "pipeline")}
+    if "pipeline" in median:  # per micro-batch, against the same micro-batches unpiped
+        out["pipeline"] = {"pass_s": max(median["pipeline"][0] - median["chunks"][0], 0.0)
+                           / PIPELINE_MICROBATCHES, "optimizer_s": 0.0}
     if "fsdp" in out:
         out["fsdp"].update(pass_s=out["fsdp"]["pass_s"] / units, units=float(units))
     return out
+
+
+def _pipeline_runs(workload, model, inputs, targets) -> dict:
+    """``{"pipeline": (pass, step), "chunks": (pass, step)}``: torch.distributed.pipelining's
+    1F1B running the whole model as ONE stage on the one-rank group, and the same
+    micro-batches through the plain model one after another; the difference is the
+    schedule's own host work per step (its chunking, buffers, per-micro-batch stage calls),
+    which every rank of a real pipeline pays on top of its stage's compute. {} for a model
+    whose inputs are not one tensor (a dict of token ids: the stage is the workload's
+    ``pipeline_stages`` then, not timed here) or that the schedule refuses."""
+    import torch
+    from torch.distributed import pipelining
+
+    m = PIPELINE_MICROBATCHES
+    if not isinstance(inputs, torch.Tensor) or inputs.shape[0] % m:
+        return {}
+    piped = copy.deepcopy(model)
+    try:
+        stage = pipelining.PipelineStage(piped, 0, 1, torch.device("cpu"))
+        schedule = pipelining.Schedule1F1B(stage, m, loss_fn=workload.loss, scale_grads=False)
+
+        def pipe():
+            schedule.step(inputs, target=targets, losses=[])
+
+        def chunks():
+            for part, target in zip(inputs.chunk(m), targets.chunk(m)):
+                workload.loss(workload.forward(piped, part), target).backward()
+
+        for fn in (pipe, chunks):  # warm-up
+            fn()
+    except Exception:  # noqa: BLE001 - a model this schedule refuses: not priced
+        return {}
+    return {"pipeline": (pipe, lambda: None), "chunks": (chunks, lambda: None)}
