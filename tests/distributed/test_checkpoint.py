@@ -19,6 +19,27 @@ COMMON = ["train", "--plugin", "mnist", "--preset", "tiny", "--global-batch-size
           "--steps-per-epoch", "3", "--seed", "7"]
 
 
+def _wait_for_unlocked(run_dir, limit: float) -> None:
+    """Until nobody holds ``RUN_DIR/.lock`` (ddl.settings.rundir.lock), at most ``limit`` s."""
+    import fcntl
+    import os
+    import time
+
+    deadline = time.monotonic() + limit
+    fd = os.open(run_dir / ".lock", os.O_RDONLY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{run_dir} still locked after {limit} s"
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
 def _train(run_dir, data_dir, nproc, strategy, epochs, *extra):
     proc = run_ddl(*COMMON, "--nproc", str(nproc), "--strategy", strategy, "--epochs",
                    str(epochs), "--data-dir", str(data_dir), "--run-dir", str(run_dir), *extra,
@@ -162,6 +183,10 @@ def test_kill_during_an_async_write_then_resume_auto_is_bit_identical(runs, synt
         proc.communicate(timeout=60)
     finally:
         proc.end()
+    # The workers inherited the launcher's lock on the run dir and die a moment after it
+    # (their fork server's parent-death signal, then theirs): on a loaded machine the
+    # resume could come first and be refused as a second run (seen once in CI).
+    _wait_for_unlocked(run_dir, limit=60)
 
     resumed = _train(run_dir, synthetic_mnist, 2, "fsdp", 2, "--resume", "auto",
                      "--checkpoint-every", "2", "--async-checkpoint")
