@@ -51,12 +51,14 @@ class SavedTensorMeter:
         # the largest single storage held (``ddl plan``'s peak model: the backward's first
         # gradients are about its size, beside everything still held)
         self.largest_bytes = 0
+        self.steps = 0  # steps measured so far (the trainer measures the first few only)
 
     @contextmanager
     def measure(self):
         """Count inside the block. Gradient accumulation needs no division: a micro-batch's
         backward frees its tensors (and selective checkpointing's kept outputs) before the
         next one saves."""
+        self.steps += 1
         live = _Live()
         # what selective checkpointing keeps, per checkpointed call, while torch holds it
         activation_checkpointing.kept_meter = _Kept(live)

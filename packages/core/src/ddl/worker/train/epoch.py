@@ -71,9 +71,12 @@ def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
             micro = [next(batches) for _ in range(numbers.accumulation)]
             data_wait += time.perf_counter() - t_fetch
             breakdown.fetched()
-            # the first steps of an epoch also count the bytes kept for backward (cheap, but
-            # one Python call per saved tensor: not on every step)
-            meter = run.saved_tensors if run.saved_tensors and i - position < 2 else None
+            # the run's first two steps also count the bytes kept for backward (one Python
+            # call per saved tensor: ~80 us a step on MNIST tiny, so not on every step, nor
+            # every epoch's first two: the bytes are the same each epoch); two, since a
+            # pipeline's first step adds its shape inference
+            meter = run.saved_tensors if run.saved_tensors and run.saved_tensors.steps < 2 \
+                else None
             with meter.measure() if meter else contextlib.nullcontext():
                 loss, outputs, clipped = optimizer_step(run, micro)
             breakdown.stepped()
