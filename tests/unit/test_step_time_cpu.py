@@ -183,3 +183,39 @@ def test_local_plan_ranks_by_step_time_and_follows_the_links(synthetic_mnist, tm
     moved = json.loads(proc.stdout)
     assert moved["ranked_by"] == "predicted step time"
     assert moved["fits"][0]["mesh"]["dp_shard"] == 2, moved["fits"][0]
+
+
+def test_the_trainers_metrics_are_priced_with_the_batch(synthetic_mnist):
+    """What the trainer does per batch beside the model (ddl.worker.train.epoch): the
+    workload's own per-sample metrics, summed as MetricSums sums them, timed at two batch
+    sizes; a workload with dearer metrics is priced dearer (the same run, as a ratio)."""
+    import torch
+    from ddl.contract.plugins import Plugins
+
+    spec = Plugins().workload("mnist")
+    workload = spec.create(spec.presets["tiny"])
+    model = workload.build_model()
+    batches = {n: cpu_calibration.real_batch(workload, synthetic_mnist, n) for n in (2, 32)}
+    calls = []
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(workload, name)
+
+        def sample_metrics(self, outputs, targets):
+            calls.append(outputs.shape[0])
+            return workload.sample_metrics(outputs, targets)
+
+    class Dear(Counted):
+        def sample_metrics(self, outputs, targets):
+            square = torch.ones(96, 96)
+            for _ in range(40):  # ~40 small matrix products per batch
+                square = square @ square / 96
+            return {**workload.sample_metrics(outputs, targets), "dear": square[0, :1]
+                    .expand(outputs.shape[0])}
+
+    cheap = cpu_calibration._metrics_costs(Counted(), model, batches)
+    dear = cpu_calibration._metrics_costs(Dear(), model, batches)
+    assert sorted(set(calls)) == [2, 32]  # the workload's own metrics, at both sizes
+    assert min(cheap) >= 0 and cheap[0] + 32 * cheap[1] > 0
+    assert dear[0] + 32 * dear[1] > 2 * (cheap[0] + 32 * cheap[1])

@@ -21,8 +21,9 @@ Four measurements, two of them cached per machine:
   built on the CPU, one thread, for every pipeline degree the plan considers each stage's
   forward + backward timed at two micro-batch sizes (a line: a fixed part per pass, the
   framework's per-operator cost, which dominates small models, plus a part per sample),
-  the optimizer's ``zero_grad`` + ``step`` over the whole model, and fetching a training
-  batch from its data (``--workers 0``, as the CPU profile runs). The median of
+  the optimizer's ``zero_grad`` + ``step`` over the whole model, and a batch's host work
+  outside the model: fetching it from its data (``--workers 0``, as the CPU profile runs)
+  and the trainer's per-sample training metrics on its outputs. The median of
   :data:`REPEATS` timings each. A model over :data:`MAX_CALIBRATED_BYTES` of fp32
   parameters is not built: it is priced at its FLOPs / the matmul rate.
 - **The wrappers' host work**: the same model under DDP, FSDP2 and tensor parallel in a
@@ -213,6 +214,8 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
 
         optimizer_s = _median_time(opt_step)
         data = _data_costs(workload, data_dir, sizes, train)
+        metrics = _metrics_costs(workload, model, batches)
+        data = (data[0] + metrics[0], data[1] + metrics[1])
         # the wrappers' work is per pass and per parameter, not per sample: the small batch
         wrappers = wrapper_calibration.wrapper_costs(workload, model, *batches[small])
     finally:
@@ -248,6 +251,31 @@ def _data_costs(workload, data_dir: Path, sizes: tuple[int, int], train: Any = N
 
         times[n] = _median_time(fetch)
     small, big = sizes
+    per_sample = max((times[big] - times[small]) / (big - small), 0.0) if big != small else 0.0
+    return max(times[small] - per_sample * small, 0.0), per_sample
+
+
+def _metrics_costs(workload, model, batches: dict) -> tuple[float, float]:
+    """(per batch, per sample) seconds of what the trainer adds after each step: the
+    workload's per-sample training metrics on the step's outputs, summed on the device
+    (ddl.worker.train.metrics.MetricSums), as ddl.worker.train.epoch does; a line through
+    the medians at the two sizes of ``batches`` ({n: (inputs, targets)})."""
+    import torch
+
+    from ddl.worker.train.metrics import MetricSums
+
+    times = {}
+    for n, (inputs, targets) in batches.items():
+        with torch.no_grad():
+            outputs = workload.forward(model, inputs)
+        sums = MetricSums(torch.device("cpu"))
+
+        def add(outputs=outputs, targets=targets, sums=sums):
+            with torch.no_grad():
+                sums.add(workload.sample_metrics(outputs, targets))
+
+        times[n] = _median_time(add)
+    small, big = sorted(times)
     per_sample = max((times[big] - times[small]) / (big - small), 0.0) if big != small else 0.0
     return max(times[small] - per_sample * small, 0.0), per_sample
 

@@ -93,8 +93,9 @@ class CpuCosts:
     ``stages`` per pipeline degree, per stage ``(pass_s, sample_s)``: a forward + backward
     of a micro-batch of n samples takes ``pass_s + n x sample_s`` (pp 1: the whole model
     with its loss); ``optimizer_s``: zero_grad + step over the whole model, whose fp32
-    parameters are ``param_bytes``; ``data``: a rank's fetch of one batch of n samples
-    takes ``data[0] + n data[1]`` (every rank of a pipeline loads the batch);
+    parameters are ``param_bytes``; ``data``: a rank's host work per batch of n samples
+    outside the model (fetching it, the trainer's training metrics on its outputs) takes
+    ``data[0] + n data[1]`` (every rank of a pipeline loads the batch);
     ``wrappers``: the host work DDP, FSDP2, tensor parallel and a pipeline schedule add
     (``{"ddp": {"pass_s", "optimizer_s"}, "fsdp": {"pass_s" per unit, ...}, "tp": {...},
     "pipeline": {"pass_s" per micro-batch}}``,
