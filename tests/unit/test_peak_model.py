@@ -68,3 +68,16 @@ def test_verify_compares_a_cpu_peak_above_the_process_baseline():
     gpu = {"peak_source": "device_peak_allocated_bytes", "peak_bytes": 77}
     assert peak_pair(predicted, gpu) == (parts["tensors_bytes"], 77)
     assert peak_pair({"memory_per_rank_bytes": 5}, measured) == (5, 900 * 2**20)
+
+
+def test_a_cpu_rank_under_fsdp2_pays_its_runtime_per_unit():
+    """FSDP2's per-unit runtime on a CPU rank (CPU_FSDP_UNIT_BYTES, measured): added per
+    unit held, on CPUs only (a GPU's runtime is the assumed context + NCCL buffers)."""
+    kwargs = dict(model_state_bytes=10, activation_bytes=20, largest_kept_bytes=1,
+                  optimizer_temp_bytes=0, comm_buffer_bytes=0)
+    plain = peak_model.peak("cpu", **kwargs)
+    three = peak_model.peak("cpu", fsdp_units=3, **kwargs)
+    assert three.total_bytes - plain.total_bytes == 3 * peak_model.CPU_FSDP_UNIT_BYTES
+    assert three.tensors_bytes == plain.tensors_bytes  # not a tensor: no slack on it
+    assert peak_model.peak("cuda", fsdp_units=3, **kwargs).total_bytes == \
+        peak_model.peak("cuda", **kwargs).total_bytes

@@ -11,8 +11,9 @@ each part below with where its number comes from (docs/plan.md repeats them):
   plus what training itself adds there beyond any tensor of the model (autograd's engine,
   oneDNN's primitive caches, gloo's pairs and buffers, the loaders, evaluation):
   ``CPU_TRAINING_RUNTIME_BYTES``, measured (2 processes of MNIST tiny, whose tensors are
-  1.5 MB: peak RSS 32.7 MiB above the RSS when the build began). GPU: what the caching
-  allocator never sees - the CUDA/HIP context with torch's kernels and cuBLAS/cuDNN
+  1.5 MB: peak RSS 32.7 MiB above the RSS when the build began); under FSDP2 also
+  ``CPU_FSDP_UNIT_BYTES`` per unit the rank holds (measured the same way). GPU: what the
+  caching allocator never sees - the CUDA/HIP context with torch's kernels and cuBLAS/cuDNN
   handles, and NCCL/RCCL's own buffers: ``GPU_RUNTIME_BYTES``, round numbers from the
   libraries' documentation, not measured on a GPU yet (the GPU kit measures them:
   benchmarks/gpu_kit/plan_memory.py).
@@ -55,6 +56,10 @@ MIB, GIB = 1024 ** 2, 1024 ** 3
 CPU_TRAINING_RUNTIME_BYTES = 32 * MIB
 #: CPU: glibc's slack over the model's part (fitted on issue 51's runs, docs/plan.md)
 CPU_SLACK = 0.25
+#: CPU: what FSDP2 adds to a rank's runtime per unit it holds (its parameter group, hooks
+#: and gather/reduce buffers, served from glibc's arenas): MNIST tiny's FSDP (3 units) peaked
+#: 5.4 MiB above its DDP with the same tensors (issue 51's verify runs, docs/plan.md)
+CPU_FSDP_UNIT_BYTES = 18 * MIB // 10
 #: GPU: CUDA/HIP context with torch's kernels and the BLAS/DNN handles (~1 GiB with CUDA
 #: 12's lazy loading on A100/H100) + NCCL/RCCL buffers (NCCL_BUFFSIZE 4 MiB per channel
 #: and peer, up to 32 channels; ~0.5 GiB): outside the caching allocator. Assumed.
@@ -102,10 +107,13 @@ class Peak:
 
 
 def peak(device_kind: str, *, model_state_bytes: int, activation_bytes: int,
-         largest_kept_bytes: int, optimizer_temp_bytes: int, comm_buffer_bytes: int) -> Peak:
+         largest_kept_bytes: int, optimizer_temp_bytes: int, comm_buffer_bytes: int,
+         fsdp_units: int = 0) -> Peak:
+    """``fsdp_units``: the FSDP2 units the rank holds (0 without FSDP2)."""
     if device_kind == "cpu":
         interpreter = interpreter_bytes()
-        runtime, slack = interpreter + CPU_TRAINING_RUNTIME_BYTES, CPU_SLACK
+        runtime = interpreter + CPU_TRAINING_RUNTIME_BYTES + fsdp_units * CPU_FSDP_UNIT_BYTES
+        slack = CPU_SLACK
     else:
         interpreter, runtime = 0, GPU_RUNTIME_BYTES.get(device_kind, 0)
         slack = GPU_SLACK
@@ -224,6 +232,7 @@ class _Held:
 
     largest_tensor: list[int]
     largest_unit: list[int]
+    units: list[int]  # FSDP units (the workload's ``fsdp_units`` held + the root)
 
 
 def _held(planner: Any, layout: Any) -> _Held:
@@ -243,14 +252,15 @@ def _held(planner: Any, layout: Any) -> _Held:
                                              tp_rank=0, shard=1, shard_rank=0)
                 for p in params]
 
-    largest, units = [], []
+    largest, units, counts = [], [], []
     for parts in probe.stage_parts(workload, model, layout):
         every = local(probe.held_params(parts, plan))
         sizes = [sum(local(probe.held_params([m], plan))) for part in parts
                  for m in part.modules() if id(m) in unit_ids]
         largest.append(max(every, default=0))
         units.append(max(sizes + [sum(every) - sum(sizes)]))
-    cache_[key] = _Held(largest, units)
+        counts.append(len(sizes) + 1)
+    cache_[key] = _Held(largest, units, counts)
     return cache_[key]
 
 
@@ -285,9 +295,11 @@ def rank_peak(planner: Any, candidate: Any, state: dict[str, int], activation_by
                         param_itemsize_ratio=ratio)
     temps = _temps(planner).bytes(state["params_bytes"],
                                   -(-held.largest_tensor[pp_rank] // layout.dp_shard))
+    fsdp2 = layout.dp_shard > 1 or (layout.dp_replicate > 1 and layout.tp * layout.pp > 1)
     return peak(planner.device.kind, model_state_bytes=state["model_state_bytes"],
                 activation_bytes=activation_bytes, largest_kept_bytes=largest_kept,
-                optimizer_temp_bytes=temps, comm_buffer_bytes=comm)
+                optimizer_temp_bytes=temps, comm_buffer_bytes=comm,
+                fsdp_units=held.units[pp_rank] if fsdp2 else 0)
 
 
 interpreter_bytes()  # now: before any probe of the planning process
