@@ -57,7 +57,8 @@ def test_schedules_with_several_stages_per_rank_are_not_walked():
 
 def test_the_step_time_charges_the_walked_wait_not_every_hand_off():
     """A CPU pipeline of two equal measured stages and a 2 ms hand-off: the model's
-    pipeline part is the walk's m x delay (8 ms over 4 micro-batches), not 2 m x delay."""
+    pipeline part is the walk's m x delay (8 ms over 4 micro-batches), not 2 m x delay,
+    + the last stage's broadcast of the loss (one message)."""
     delay = 2e-3
     network = stm.Network(stm.Link(delay, float("inf")))
     compute = stm.Compute(5e10, 1.0, cpu=True, cores=2,
@@ -65,6 +66,6 @@ def test_the_step_time_charges_the_walked_wait_not_every_hand_off():
     layout = stm.StepLayout(ParallelLayout(pp=2), micro_batch=64, microbatches=4)
     timed = stm.step_time(layout, 0.0, compute, stm.Sizes(2e4, boundary_bytes=4e3),
                           network, local_ranks=2)
-    assert timed.comm_s["pp"] == pytest.approx(2 * 4 * delay)  # the rank's own messages
-    assert timed.exposed_s["pp"] == pytest.approx(4 * delay)
-    assert timed.total_s == pytest.approx((4 + 1) * 3e-3 + 4 * delay)
+    assert timed.comm_s["pp"] == pytest.approx((2 * 4 + 1) * delay)  # the rank's messages
+    assert timed.exposed_s["pp"] == pytest.approx((4 + 1) * delay)
+    assert timed.total_s == pytest.approx((4 + 1) * 3e-3 + (4 + 1) * delay)

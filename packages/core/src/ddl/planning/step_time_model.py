@@ -43,10 +43,10 @@ Per layout, per optimizer step (``accumulation`` micro-steps):
   point-to-point, per micro-batch (what a rank waits for: Overlap); the bubble stretches it:
   ``(p-1) / (m + p-1)`` for GPipe and 1F1B, ``(p-1) / (v m + p-1)`` for the interleaved
   schedules with v stages per rank (Narayanan et al. 2021, sec. 2.2); zero-bubble schedules
-  get the interleaved number (an upper bound for them). Unequal stages: the slowest stage
-  sets the steady state, every stage is passed once in the fill and drain, so a step takes
-  ``((m-1) s_max + 1)`` x one micro-batch's whole-model time, with ``s_max`` the largest
-  stage's share of the FLOPs (equal stages: the formula above).
+  get the interleaved number (an upper bound for them). Unequal stages: the slowest sets
+  the steady state, every stage is passed once in the fill and drain: a step takes
+  ``((m-1) s_max + 1)`` x one micro-batch's whole-model time (``s_max``: the largest
+  stage's FLOP share). Per step the last stage broadcasts the loss (one message).
 
 Activation checkpointing costs its recomputed forward: ``recompute`` (the share of the
 forward FLOPs the backward runs again, measured on the meta device by
@@ -186,8 +186,6 @@ class StepTime:
                 "bubble": self.bubble}
 
 
-
-
 def recompute_share(layout: StepLayout, sizes: Sizes | None = None) -> float:
     """Share of the forward FLOPs the backward recomputes under the layout's checkpointing."""
     measured = sizes.recompute if sizes is not None else {}
@@ -304,8 +302,9 @@ def _comm(layout: StepLayout, sizes: Sizes, network: Network,
     if mesh.pp > 1 and sizes.boundary_bytes:
         m = max(layout.microbatches, 1)
         per_message = sizes.boundary_bytes * layout.micro_batch / m
-        # a middle stage sends forward and backward, per micro-batch
-        out["pp"] = (2 * steps * m * link("pp").seconds("p2p", per_message, 2),)
+        # a middle stage sends forward and backward, per micro-batch; + the loss's broadcast
+        out["pp"] = (2 * steps * m * link("pp").seconds("p2p", per_message, 2)
+                     + link("pp").seconds("p2p", 4, 2),)
     return out
 
 
@@ -390,11 +389,12 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
         m = max(layout.microbatches, 1)
         slowest = stretched / (max(layout.accumulation, 1) * m)  # one micro-batch, F + B
         times = [slowest * share / max(shares) for share in shares]
-        message = network.link(bool(crosses.get("pp"))).seconds(
-            "p2p", sizes.boundary_bytes * layout.micro_batch / m, 2)
+        link = network.link(bool(crosses.get("pp")))
+        message = link.seconds("p2p", sizes.boundary_bytes * layout.micro_batch / m, 2)
         wait = handoff_wait(layout.schedule, m, [t / 3 for t in times],
                             [t * 2 / 3 for t in times], message)
-        if wait is not None:  # else (several stages per rank): every hand-off exposed
-            exposed["pp"] = max(layout.accumulation, 1) * wait
+        if wait is not None:  # else (several stages per rank): every hand-off exposed;
+            # then the last stage broadcasts the step's loss
+            exposed["pp"] = max(layout.accumulation, 1) * wait + link.seconds("p2p", 4, 2)
     total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values())
     return StepTime(busy, comm, b, total, exposed)
