@@ -295,11 +295,12 @@ def rank_peak(planner: Any, candidate: Any, state: dict[str, int], activation_by
                         param_itemsize_ratio=ratio)
     temps = _temps(planner).bytes(state["params_bytes"],
                                   -(-held.largest_tensor[pp_rank] // layout.dp_shard))
-    fsdp2 = layout.dp_shard > 1 or (layout.dp_replicate > 1 and layout.tp * layout.pp > 1)
+    from ddl.planning.layout_search import uses_fsdp
+
     return peak(planner.device.kind, model_state_bytes=state["model_state_bytes"],
                 activation_bytes=activation_bytes, largest_kept_bytes=largest_kept,
                 optimizer_temp_bytes=temps, comm_buffer_bytes=comm,
-                fsdp_units=held.units[pp_rank] if fsdp2 else 0)
+                fsdp_units=held.units[pp_rank] if uses_fsdp(layout) else 0)
 
 
 interpreter_bytes()  # now: before any probe of the planning process

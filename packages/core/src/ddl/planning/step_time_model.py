@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 from ddl.contract.layout import ParallelLayout
 # re-exported: callers name the link model through the step-time model
 from ddl.planning.collective_cost import OPS, Link, Network, ring_factors  # noqa: F401
+from ddl.planning.layout_search import uses_fsdp
 from ddl.planning.pipeline_schedule import MULTI_STAGE, bubble, handoff_wait  # noqa: F401
 
 RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # assumed where not measured
@@ -220,8 +221,7 @@ def measured_parts(layout: StepLayout, compute: Compute, sizes: Sizes | None = N
     # the wrappers' own host work (wrapper_calibration): FSDP2's per unit and pass, DDP's
     # and tensor parallel's per pass; each also in the optimizer's step (DTensor)
     mesh, wrap = layout.mesh, costs.wrappers
-    data = ("fsdp" if mesh.dp_shard > 1 or (mesh.dp_replicate > 1 and mesh.tp * mesh.pp > 1)
-            else "ddp" if mesh.dp_replicate > 1 else None)
+    data = "fsdp" if uses_fsdp(mesh) else "ddp" if mesh.dp_replicate > 1 else None
     for kind in (data, "tp" if mesh.tp > 1 else None, "pipeline" if mesh.pp > 1 else None):
         if kind in wrap:
             units = (sizes.units if sizes is not None else wrap[kind].get("units", 1)) \
