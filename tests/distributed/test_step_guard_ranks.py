@@ -1,7 +1,8 @@
 """The step guard on two real gloo ranks (ddl.worker.train.control.StepGuard): a periodic
 check's all-reduce is read one step later, so its latency hides under that step; a
 non-finite loss on one rank still stops both, naming the step where it began, and a stop
-request still stops both at the same step, after the current window was checked."""
+request still stops both at the same step, after the current window was checked. The check
+of an epoch's last step is read once the steps are done (``settle``)."""
 
 import math
 
@@ -67,6 +68,46 @@ def stop_signal_on_rank_1_at_step_3(tmp: str, nan_at_5: bool) -> dict:
     finally:
         control._signalled.clear()
     return {"returned": returned, "raised": None}
+
+
+def epochs_last_step(tmp: str, nan: bool, stop: bool) -> dict:
+    """Steps 1..3 of a 3-step epoch with --check-every 100: only the epoch's last step is
+    checked; rank 1's loss of step 2 is NaN (``nan``) or rank 1 gets a stop request at
+    step 3 (``stop``)."""
+    import torch
+    import torch.distributed as dist
+
+    from ddl.worker.train import control
+
+    guard = _guard(tmp, every=100)
+    returned = []
+    try:
+        for step in (1, 2, 3):
+            if stop and dist.get_rank() == 1 and step == 3:
+                control.request_stop(10)
+            bad = nan and dist.get_rank() == 1 and step == 2
+            returned.append(guard.after_step(torch.tensor(math.nan if bad else 1.0), step,
+                                             1, step, lambda: None, last=step == 3))
+        return {"returned": returned, "settled": guard.settle(1, lambda: None)}
+    except control.TrainingDiverged as error:
+        return {"returned": returned, "raised": str(error)}
+    finally:
+        control._signalled.clear()
+
+
+@pytest.mark.parametrize("nan,stop", [(True, False), (False, True), (False, False)],
+                         ids=["nan", "stop", "neither"])
+def test_the_last_step_of_an_epoch_is_checked_once_its_steps_are_done(rank_pools, tmp_path,
+                                                                      nan, stop):
+    results = rank_pools[2].run(epochs_last_step, str(tmp_path), nan, stop)
+    for rank, got in enumerate(results):
+        assert got["returned"] == [None] * 3, (rank, got)  # nothing waited for in the steps
+        if nan:
+            assert "non-finite loss at step 2 (epoch 1, seen at the check of step 3) on " \
+                "rank(s) 1;" in got["raised"], (rank, got)
+        else:
+            assert "raised" not in got, (rank, got)
+            assert bool(got["settled"]) == stop, (rank, got)
 
 
 def test_a_non_finite_loss_on_one_rank_stops_both_a_step_after_the_check(rank_pools,

@@ -191,6 +191,7 @@ def test_the_trainers_metrics_are_priced_with_the_batch(synthetic_mnist):
     sizes; a workload with dearer metrics is priced dearer (the same run, as a ratio)."""
     import torch
     from ddl.contract.plugins import Plugins
+    from ddl.worker.train.metrics import TrainingMetrics
 
     spec = Plugins().workload("mnist")
     workload = spec.create(spec.presets["tiny"])
@@ -216,6 +217,8 @@ def test_the_trainers_metrics_are_priced_with_the_batch(synthetic_mnist):
 
     cheap = cpu_calibration._metrics_costs(Counted(), model, batches)
     dear = cpu_calibration._metrics_costs(Dear(), model, batches)
-    assert sorted(set(calls)) == [2, 32]  # the workload's own metrics, at both sizes
+    # the workload's own metrics, at both sizes, on outputs gathered as the trainer does
+    steps = TrainingMetrics.GATHER_STEPS
+    assert sorted(set(calls)) == [2 * steps, 32 * steps]
     assert min(cheap) >= 0 and cheap[0] + 32 * cheap[1] > 0
     assert dear[0] + 32 * dear[1] > 2 * (cheap[0] + 32 * cheap[1])

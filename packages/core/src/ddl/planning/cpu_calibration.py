@@ -258,23 +258,26 @@ def _data_costs(workload, data_dir: Path, sizes: tuple[int, int], train: Any = N
 def _metrics_costs(workload, model, batches: dict) -> tuple[float, float]:
     """(per batch, per sample) seconds of what the trainer adds after each step: the
     workload's per-sample training metrics on the step's outputs, summed on the device
-    (ddl.worker.train.metrics.MetricSums), as ddl.worker.train.epoch does; a line through
+    (ddl.worker.train.metrics.TrainingMetrics, as ddl.worker.train.epoch does: small outputs
+    gathered over several steps, so a step pays its share of one call); a line through
     the medians at the two sizes of ``batches`` ({n: (inputs, targets)})."""
     import torch
 
-    from ddl.worker.train.metrics import MetricSums
+    from ddl.worker.train.metrics import TrainingMetrics
 
+    steps = TrainingMetrics.GATHER_STEPS
     times = {}
     for n, (inputs, targets) in batches.items():
         with torch.no_grad():
             outputs = workload.forward(model, inputs)
-        sums = MetricSums(torch.device("cpu"))
+        metrics = TrainingMetrics(workload, torch.device("cpu"))
 
-        def add(outputs=outputs, targets=targets, sums=sums):
-            with torch.no_grad():
-                sums.add(workload.sample_metrics(outputs, targets))
+        def add(outputs=outputs, targets=targets, metrics=metrics):
+            for _ in range(steps):
+                metrics.add(outputs, targets)
+            metrics.flush()
 
-        times[n] = _median_time(add)
+        times[n] = _median_time(add) / steps
     small, big = sorted(times)
     per_sample = max((times[big] - times[small]) / (big - small), 0.0) if big != small else 0.0
     return max(times[small] - per_sample * small, 0.0), per_sample

@@ -24,7 +24,7 @@ from ddl.worker.checkpointing import checkpoint
 from ddl.worker.train.control import StepGuard
 from ddl.worker.train.evaluation import evaluate, fmt, with_derived
 from ddl.worker.train.loaders import DeviceBatches
-from ddl.worker.train.metrics import MetricSums
+from ddl.worker.train.metrics import TrainingMetrics
 from ddl.worker.observe.observers import Observers
 from ddl.worker.observe.profiling import StepProfiler
 from ddl.worker.train.setup import TrainingRun
@@ -53,7 +53,7 @@ def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
     loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
     loader.sampler.start = position * numbers.batch_per_replica  # samples, not batches
     model.train()
-    sums = MetricSums(world.device)
+    sums = TrainingMetrics(workload, world.device)
     data_wait = 0.0
     norms: list[float] = []
     observers.begin_epoch(epoch, position, run.step)
@@ -88,16 +88,16 @@ def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
             run.step += 1
             for out, batch in zip(outputs, micro):
                 if out is not None:  # a pipeline rank without the last stage has none
-                    with torch.no_grad():
-                        sums.add(workload.sample_metrics(out, batch[1]))
+                    sums.add(out, batch[1])  # small outputs: gathered, measured every few steps
             observers.step(epoch, i + 1, run.step, loss)  # fetches the loss every --log-every
             done = i + 1  # batches of this epoch behind us
             checkpoint_due = bool(run.config.checkpoint_every and done < numbers.steps_per_epoch
                                   and run.step % run.config.checkpoint_every == 0)
-            # checked before any checkpoint is written, and at the epoch's end
+            # checked before any checkpoint is written, and at the epoch's end (read once
+            # the steps are done, below)
             stop = guard.after_step(loss, run.step, epoch, done,
                                     lambda: checkpoint.latest(run.run_dir),
-                                    force=checkpoint_due or done == numbers.steps_per_epoch)
+                                    force=checkpoint_due, last=done == numbers.steps_per_epoch)
             if checkpoint_due or stop:  # a stop resumes here (the next epoch if it is done)
                 observers.phase("checkpointing")
                 run.save_checkpoint(*((epoch, done) if done < numbers.steps_per_epoch
@@ -106,8 +106,16 @@ def train_epoch(run: TrainingRun, epoch: int, position: int, guard: StepGuard,
         breakdown.ended(_asked(run, done, numbers.steps_per_epoch, checkpoint_due, stop), syncs)
         if stop:
             return Trained(stop=stop)
+    sums.flush()  # the metrics still gathered belong to the epoch's steps and its time
     _sync(world.device)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    # the last step's check, in flight while the clock ran out: read before anything of
+    # the epoch is written
+    stop = guard.settle(epoch, lambda: checkpoint.latest(run.run_dir))
+    if stop:
+        observers.phase("checkpointing")
+        run.save_checkpoint(epoch + 1, 0)
+        return Trained(stop=stop)
     return Trained(metrics=with_derived(sums.reduce(world), workload), seconds=seconds,
                    data_wait=data_wait, cpu_seconds=cpu_seconds,
                    grad_norm=torch.stack(norms).mean().item() if norms else None,

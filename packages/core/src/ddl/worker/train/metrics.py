@@ -4,9 +4,13 @@ Each rank adds per-sample values (and a sample count) on its device; one all-red
 end of an epoch turns them into global means. No per-step synchronisation is needed, and an
 uneven last shard is weighted correctly.
 
-Cheap per step: the training loop adds after every optimizer step, so each metric costs
-one reduction (``torch.sum`` in float64, which casts as it sums) and one in-place add; the
-sample count of an unweighted batch is known on the host and stays a Python int.
+Cheap per step: each metric costs one reduction (``torch.sum`` in float64, which casts as
+it sums) and one in-place add; the sample count of an unweighted batch is known on the host
+and stays a Python int. ``TrainingMetrics`` (the trainer's, after every optimizer step)
+gathers small outputs over several steps and measures them in one call: on MNIST tiny the
+workload's metrics right after a step cost ~0.15 ms (a dozen small ops, each slow on
+caches the backward pass just filled), 2 % of its step; gathered, they cost a few
+microseconds a step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
+    from ddl.contract.workload import Workload
     from ddl.contract.world import World
 
 
@@ -65,3 +70,67 @@ class MetricSums:
         total = packed[-1].item()
         return {n: (packed[i].item() / total if total else float("nan"))
                 for i, n in enumerate(names)}
+
+
+class TrainingMetrics:
+    """The training metrics of an epoch: the workload's ``sample_metrics`` of every step's
+    outputs, summed exactly (``MetricSums``).
+
+    Outputs and targets that are single tensors, together under ``GATHER_BYTES``, are kept
+    (detached) for up to ``GATHER_STEPS`` steps and measured concatenated along the batch
+    dimension: one ``sample_metrics`` call and one add for many steps. Sums of per-sample
+    values do not depend on how the samples are grouped (up to float64 rounding). Anything
+    else (tuples, dicts, large logits) is measured at once, on the very objects the step
+    returned (a workload may recognise them: ddl_xsum reuses its loss's token losses)."""
+
+    GATHER_STEPS = 32
+    GATHER_BYTES = 1 << 20
+
+    def __init__(self, workload: Workload, device: torch.device) -> None:
+        self.workload = workload
+        self.sums = MetricSums(device)
+        self._outputs: list[torch.Tensor] = []
+        self._targets: list[torch.Tensor] = []
+        self._bytes = 0
+
+    def add(self, outputs, targets) -> None:
+        """One micro-batch's outputs and targets, right after its step."""
+        if not (isinstance(outputs, torch.Tensor) and isinstance(targets, torch.Tensor)
+                and outputs.dim() and targets.dim()):
+            self._measure(outputs, targets)
+            return
+        size = outputs.untyped_storage().nbytes() + targets.untyped_storage().nbytes()
+        if self._outputs and (outputs.shape[1:] != self._outputs[0].shape[1:]
+                              or targets.shape[1:] != self._targets[0].shape[1:]
+                              or outputs.dtype != self._outputs[0].dtype
+                              or targets.dtype != self._targets[0].dtype
+                              or self._bytes + size > self.GATHER_BYTES):
+            self.flush()
+        if size > self.GATHER_BYTES:
+            self._measure(outputs, targets)
+            return
+        self._outputs.append(outputs.detach())
+        self._targets.append(targets)
+        self._bytes += size
+        if len(self._outputs) >= self.GATHER_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Measure what is gathered."""
+        if not self._outputs:
+            return
+        outputs, targets = self._outputs, self._targets
+        self._outputs, self._targets, self._bytes = [], [], 0
+        if len(outputs) == 1:
+            self._measure(outputs[0], targets[0])
+        else:
+            self._measure(torch.cat(outputs), torch.cat(targets))
+
+    def _measure(self, outputs, targets) -> None:
+        with torch.no_grad():
+            self.sums.add(self.workload.sample_metrics(outputs, targets))
+
+    def reduce(self, world: World) -> dict[str, float]:
+        """Global means (a collective, as ``MetricSums.reduce``)."""
+        self.flush()
+        return self.sums.reduce(world)
