@@ -88,14 +88,30 @@ def test_large_outputs_are_measured_at_once_on_the_steps_own_tensor():
 
 
 def test_a_change_of_shape_measures_what_was_gathered_first():
-    """Sequence outputs whose length changes between steps cannot be concatenated: the
-    gathered ones are measured before the new shape is kept."""
+    """Outputs whose width changes between steps cannot be concatenated: the gathered ones
+    are measured before the new shape is kept."""
+
+    class RowMean:
+        def sample_metrics(self, outputs, targets):
+            return {"loss": outputs.mean(dim=1)}
+
+    metrics = TrainingMetrics(RowMean(), torch.device("cpu"))
+    metrics.add(torch.full((2, 5), 1.0), torch.zeros(2, dtype=torch.long))
+    metrics.add(torch.full((2, 7), 4.0), torch.zeros(2, dtype=torch.long))
+    assert metrics.reduce(ONE) == {"loss": 2.5}
+
+
+def test_per_token_outputs_are_measured_at_once_on_the_steps_own_tensors():
+    """Sequence logits [batch, length, vocabulary], however small: a workload may recognise
+    the very tensors its loss just saw (ddl_xsum's token losses)."""
+    seen = []
 
     class PerToken:
         def sample_metrics(self, outputs, targets):
+            seen.append((outputs, targets))
             return {"loss": outputs.mean(dim=(1, 2))}
 
     metrics = TrainingMetrics(PerToken(), torch.device("cpu"))
-    metrics.add(torch.full((2, 5, 3), 1.0), torch.zeros(2, 5, dtype=torch.long))
-    metrics.add(torch.full((2, 7, 3), 4.0), torch.zeros(2, 7, dtype=torch.long))
-    assert metrics.reduce(ONE) == {"loss": 2.5}
+    logits, labels = torch.ones(2, 5, 3), torch.zeros(2, 5, dtype=torch.long)
+    metrics.add(logits, labels)
+    assert len(seen) == 1 and seen[0][0] is logits and seen[0][1] is labels
