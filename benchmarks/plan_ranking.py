@@ -97,6 +97,10 @@ def run(workloads: tuple[str, ...]) -> dict:
             report = json.loads(proc.stdout)
             doc["workloads"][plugin] = {"seconds": time.perf_counter() - t0,
                                         "verify": report["verify"]}
+        # what the plans were timed with: the links (and the ranks' wait for the slowest)
+        cache = Path(tmp) / "cache" / "cpu-links.json"
+        if cache.exists():
+            doc["calibration"] = json.loads(cache.read_text())
     doc["machine_after"] = describe()
     doc["total_s"] = time.perf_counter() - started
     doc["misses"] = bars(doc)

@@ -37,3 +37,9 @@ def test_collectives_are_timed_and_fitted(tmp_path):
         assert by_size[sizes[-1]] / 3 < predicted < 3 * by_size[sizes[-1]], (op, fit, by_size)
     assert measured["fits"]["all"]["points"] == 4 * len(measured["seconds"]["p2p"])
     assert measured["site"]["name"] == "local"
+    # the ranks' waiting for the slowest one: a small all-reduce after fixed work of two
+    # lengths (the longer at least 3x the shorter), both timed, the slope not negative
+    skew = measured["skew"]
+    assert len(skew["compute_s"]) == len(skew["latency_s"]) == 2, skew
+    assert skew["compute_s"][1] > 3 * skew["compute_s"][0] > 0 and min(skew["latency_s"]) > 0
+    assert skew["wait_per_compute"] >= 0, skew

@@ -43,7 +43,8 @@ def test_verify_2_sets_measured_beside_predicted(tmp_path, synthetic_mnist):
         assert predicted == {"model_state_bytes": plan_row["model_state_bytes"],
                              "activation_bytes": plan_row["activation_bytes"],
                              "memory_per_rank_bytes": plan_row["memory_per_rank_bytes"],
-                             "peak": plan_row["peak"], "step_s": plan_row["step_s"]}
+                             "peak": plan_row["peak"], "step_s": plan_row["step_s"],
+                             "step_time": plan_row["step_time"]}
         assert measured["mesh"] == plan_row["mesh"]  # ddl train ran the plan's layout
         assert measured["model_state_bytes"] == pytest.approx(
             predicted["model_state_bytes"], rel=0.05)

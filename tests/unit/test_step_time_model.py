@@ -142,6 +142,25 @@ def test_cpu_ranks_split_threads_then_share_cores():
     assert [stm.core_share(2, n, stm.threads_per_rank(2, n)) for n in (1, 2, 4)] == [1, 1, 2]
 
 
+def test_cpu_ranks_wait_for_the_slowest_in_proportion_to_their_compute():
+    """``sync_wait`` (measured by ``ddl doctor --collectives``) adds that share of the
+    compute to a step of several CPU ranks, and nothing to one rank's or a GPU's."""
+    def timed(mesh, sync_wait, cpu=True):
+        compute = stm.Compute(peak_flops=1e10, efficiency=1.0, fixed_s=0.01, cpu=cpu,
+                              cores=2, sync_wait=sync_wait)
+        return stm.step_time(stm.StepLayout(mesh, micro_batch=32), 1e8, compute,
+                             stm.Sizes(param_bytes=4e6), NET, local_ranks=mesh.world_size)
+
+    ddp = ParallelLayout(dp_replicate=2)
+    plain, waiting = timed(ddp, 0.0), timed(ddp, 0.2)
+    assert waiting.sync_wait_s == pytest.approx(0.2 * plain.compute_s)
+    assert waiting.total_s == pytest.approx(plain.total_s + 0.2 * plain.compute_s)
+    assert waiting.as_dict()["sync_wait_s"] == waiting.sync_wait_s
+    alone = ParallelLayout()
+    assert timed(alone, 0.2).total_s == timed(alone, 0.0).total_s
+    assert timed(ddp, 0.2, cpu=False).sync_wait_s == 0.0
+
+
 def test_model_imports_without_torch():
     code = ("import sys; import ddl.planning.step_time_model, ddl.planning.layout_search; "
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -41,6 +41,10 @@ TIMEOUT_S = 120.0
 # 1.1 ms mean (one call in five waited a 4 ms scheduler tick to wake), and a DDP step paid
 # 1.5-1.8 ms per 24 KB all-reduce: the wake-up after compute is part of the cost.
 COMPUTE_S = 0.001
+# CPU: the compute lengths (and repeats) of the skew measurement (_skew): a short one like
+# the probe's, and one as long as a small model's step (MNIST tiny: ~5 ms)
+SKEW_COMPUTE_S = (0.001, 0.008)
+SKEW_REPEATS = 30
 
 
 def _run_op(op: str, buffers: dict, rank: int, world: int) -> None:
@@ -65,6 +69,43 @@ def _compute(work, seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         work @ work
+
+
+def _skew(work, device) -> dict[str, Any]:
+    """CPU: how much longer a small all-reduce takes the longer the compute before it.
+    Every rank does the same fixed work (a count of products agreed over the ranks), not
+    a fixed time, as a training step does: one rank's work then ends late now and then
+    (a scheduler tick, another thread, a cache), and the other waits for it in the
+    collective. ``wait_per_compute``: the slowest rank's extra wait per second of compute,
+    from ``SKEW_COMPUTE_S``'s two lengths (0 when longer compute waited no longer)."""
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    for _ in range(20):
+        work @ work
+    count = torch.tensor([max(int(20 * COMPUTE_S / (time.perf_counter() - t0)), 1)])
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    message = torch.ones(1024, device=device)  # 4 KB, as the probe's smallest size
+    compute, latency = [], []
+    for seconds in SKEW_COMPUTE_S:
+        products = max(int(count.item() * seconds / COMPUTE_S), 1)
+        dist.barrier()
+        busy = waited = 0.0
+        for _ in range(SKEW_REPEATS):
+            t0 = time.perf_counter()
+            for _ in range(products):
+                work @ work
+            t1 = time.perf_counter()
+            dist.all_reduce(message)
+            busy, waited = busy + t1 - t0, waited + time.perf_counter() - t1
+        slowest = torch.tensor([busy, waited], dtype=torch.float64) / SKEW_REPEATS
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        compute.append(float(slowest[0]))
+        latency.append(float(slowest[1]))
+    span = compute[-1] - compute[0]
+    per = max((latency[-1] - latency[0]) / span, 0.0) if span > 0 else 0.0
+    return {"wait_per_compute": per, "compute_s": compute, "latency_s": latency}
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int, ...],
@@ -125,8 +166,9 @@ def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int,
                     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                     timings.append(float(elapsed.item()) / inner)
                 out[op][numel * 4] = statistics.mean(timings)
+        skew = _skew(work, device) if device.type == "cpu" else None
         if rank == 0:
-            queue.put(out)
+            queue.put((out, skew))
     finally:
         dist.destroy_process_group()
 
@@ -146,11 +188,14 @@ def measure(nproc: int, backend: str = "gloo", sizes: tuple[int, ...] | None = N
     mp.start_processes(_rank_main, args=(nproc, store.port, backend, sizes, repeats, ops,
                                          queue),
                        nprocs=nproc, join=True, start_method="spawn")
-    seconds = queue.get(timeout=TIMEOUT_S)
-    return {"backend": backend, "nproc": nproc, "repeats": repeats,
-            "seconds": {op: {str(n): t for n, t in by_size.items()}
-                        for op, by_size in seconds.items()},
-            "fits": fits(seconds, nproc)}
+    seconds, skew = queue.get(timeout=TIMEOUT_S)
+    out = {"backend": backend, "nproc": nproc, "repeats": repeats,
+           "seconds": {op: {str(n): t for n, t in by_size.items()}
+                       for op, by_size in seconds.items()},
+           "fits": fits(seconds, nproc)}
+    if skew is not None:
+        out["skew"] = skew
+    return out
 
 
 def fits(seconds: dict[str, dict[int, float]], nproc: int) -> dict[str, dict[str, float]]:

@@ -236,8 +236,8 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
     if backend == "gloo":  # what `ddl plan --site local` times this machine's layouts with
         from ddl.planning import cpu_calibration
 
-        cpu_calibration.store(f"links-{nproc}", {"fits": measured["fits"],
-                                                 "seconds": measured["seconds"]})
+        cpu_calibration.store(f"links-{nproc}", {key: measured[key] for key in
+                                                 ("fits", "seconds", "skew") if key in measured})
     measured["site"] = {"name": site.name, "intra_node_latency_s": site.intra_node_latency_s,
                         "intra_node_bytes_per_s": site.intra_node_bytes_per_s}
     if fmt == "json":
@@ -247,6 +247,12 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
     print(f"collectives: {backend}, {nproc} processes on this node "
           f"({'GPU' if gpus else 'CPU'}), median of {measured['repeats']} timings per size")
     print(render_collectives(measured, site))
+    skew = measured.get("skew")
+    if skew:  # what `ddl plan` adds to a CPU step of several ranks (step_time_model)
+        print(f"waiting for the slowest rank: +{skew['wait_per_compute']:.0%} of the compute "
+              f"before a collective (a 4 KB all-reduce after {skew['compute_s'][0] * 1e3:.1f} "
+              f"/ {skew['compute_s'][-1] * 1e3:.1f} ms of compute: "
+              f"{skew['latency_s'][0] * 1e6:.0f} / {skew['latency_s'][-1] * 1e6:.0f} us)")
     return 0
 
 

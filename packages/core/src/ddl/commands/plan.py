@@ -274,7 +274,8 @@ def _comm_share(p: dict) -> str:
     if not timed or not timed["step_s"]:
         return "-"
     exposed = timed.get("exposed_s", timed["comm_s"])
-    return f"{sum(exposed.values()) / timed['step_s']:.0%}"
+    waiting = sum(exposed.values()) + timed.get("sync_wait_s", 0.0)
+    return f"{waiting / timed['step_s']:.0%}"
 
 
 def _reason(text: str) -> str:

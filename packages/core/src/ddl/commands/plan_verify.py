@@ -232,10 +232,9 @@ def measure(row: dict[str, Any], report: dict[str, Any], device_kind: str, data_
     (``status`` "measured"), or why it did not finish (``status`` "failed")."""
     out: dict[str, Any] = {key: row[key] for key in (
         "mesh", "micro_batch", "accumulation", "activation_checkpointing", "flags")}
-    out["predicted"] = {"model_state_bytes": row["model_state_bytes"],
-                        "activation_bytes": row["activation_bytes"],
-                        "memory_per_rank_bytes": row["memory_per_rank_bytes"],
-                        "peak": row.get("peak"), "step_s": row.get("step_s")}
+    out["predicted"] = {key: row.get(key) for key in (  # step_time: the step's parts
+        "model_state_bytes", "activation_bytes", "memory_per_rank_bytes", "peak", "step_s",
+        "step_time")}
     proc = subprocess.run(train_command(row, report, device_kind, data_dir, run_dir, srun),
                           capture_output=True, text=True, errors="replace",
                           env=dict(os.environ))

@@ -120,15 +120,19 @@ def store(kind: str, value: dict[str, Any]) -> dict[str, Any]:
 
 
 def links(nproc: int, measure: Callable[[int], dict[str, Any]]) -> tuple[dict, bool]:
-    """The gloo fits between ``nproc`` processes (``{op: {latency_s, bytes_per_s}}``):
+    """The gloo fits between ``nproc`` processes (``{op: {latency_s, bytes_per_s}}``, and
+    ``skew`` where measured):
     cached, or measured now with ``measure`` (ddl.commands.collective_probe.measure) and
     cached. Second value: whether they were measured now."""
     entry = cached(f"links-{nproc}")
-    if entry is not None:
-        return entry["fits"], False
-    measured = measure(nproc)
-    store(f"links-{nproc}", {"fits": measured["fits"], "seconds": measured["seconds"]})
-    return measured["fits"], True
+    measured_now = entry is None
+    if measured_now:
+        measured = measure(nproc)
+        entry = store(f"links-{nproc}", {key: measured[key] for key in
+                                         ("fits", "seconds", "skew") if key in measured})
+    # the ranks' waiting for the slowest one (collective_probe._skew), beside the fits
+    return {**entry["fits"], **({"skew": entry["skew"]} if "skew" in entry else {})}, \
+        measured_now
 
 
 def matmul_flops() -> float:

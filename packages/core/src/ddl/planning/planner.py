@@ -118,7 +118,9 @@ class Planner:
             if not d.cpu_links or not d.cpu_matmul_flops:
                 return None
             costs = self.cpu_costs
-            return stm.Compute(d.cpu_matmul_flops, 1.0, cpu=True, cores=d.cores, costs=(
+            skew = d.cpu_links.get("skew") or {}
+            return stm.Compute(d.cpu_matmul_flops, 1.0, cpu=True, cores=d.cores,
+                               sync_wait=skew.get("wait_per_compute", 0.0), costs=(
                 stm.CpuCosts({int(k): tuple(tuple(x) for x in v)
                               for k, v in costs["stages"].items()},
                              costs["optimizer_s"], costs["param_bytes"],

@@ -9,17 +9,15 @@ the rate it reaches: ``peak x efficiency``, with ``peak`` the site profile's
 ``efficiency`` an assumed model FLOPs utilisation (0.4 on GPUs) or a measured one. Tensor
 and pipeline parallel split a sample's FLOPs over their degrees (a pipeline rank: its
 stage's share); activation checkpointing adds what it recomputes (below); ``fixed_s`` is a
-per-step cost that does not grow with the batch (the optimizer's pass over the
-parameters, the framework's per-operator overhead): 0 unless measured (on a CPU it is not
-small, see ``CpuShare``).
+per-step cost that does not grow with the batch (the optimizer's pass, per-operator
+overhead): 0 unless measured.
 
-CPU ranks. A CPU "device" is the threads a rank computes with. ddl gives each local rank
-``cores // ranks`` threads (at least one, ``ddl.settings.cores``). The rate of ``t`` threads
-is ``t`` x the rate of one thread x ``thread_efficiency`` (measured: the workload's
-speed-up on ``t`` threads / ``t``; a large matmul's, ~1.0 on 2 cores, overstates what a
-second thread gives a small model, ~0.73); the fixed part runs on one thread. When the ranks'
-threads outnumber the cores (4 ranks of 1 thread on 2 cores) the kernel shares the cores
-out: every rank's compute and fixed part take ``ranks x threads / cores`` times as long.
+CPU ranks. A CPU "device" is the threads a rank computes with: ``cores // ranks`` each (at
+least one, ``ddl.settings.cores``), ``t`` threads at ``t`` x one thread's rate x
+``thread_efficiency`` (measured; ~0.73 for a small model's second thread); ranks whose
+threads outnumber the cores take ``ranks x threads / cores`` times as long. With several
+ranks the step also waits for the slowest one at its collectives: ``sync_wait`` x the
+compute (measured by ``ddl doctor --collectives``: ~0.15-0.2 on a 2-core VM).
 
 Communication: the alpha-beta cost of one collective on one link is
 ddl.planning.collective_cost (formulas and sources there).
@@ -122,6 +120,9 @@ class Compute:
     cores: int = 1  # CPU: cores the node's ranks share
     thread_efficiency: float = 1.0  # CPU: rate of t threads / (t x one thread's)
     costs: CpuCosts | None = None
+    # CPU, several ranks: the slowest rank's lateness that the others wait for in the
+    # step's collectives, per second of compute (ddl.commands.collective_probe._skew)
+    sync_wait: float = 0.0
 
 
 def threads_per_rank(cores: int, ranks: int) -> int:
@@ -180,11 +181,12 @@ class StepTime:
     bubble: float
     total_s: float
     exposed_s: dict[str, float] = field(default_factory=dict)  # what compute cannot hide
+    sync_wait_s: float = 0.0  # waiting for the slowest rank (Compute.sync_wait)
 
     def as_dict(self) -> dict:
         return {"step_s": self.total_s, "compute_s": self.compute_s,
                 "comm_s": dict(self.comm_s), "exposed_s": dict(self.exposed_s),
-                "bubble": self.bubble}
+                "bubble": self.bubble, "sync_wait_s": self.sync_wait_s}
 
 
 def recompute_share(layout: StepLayout, sizes: Sizes | None = None) -> float:
@@ -237,11 +239,11 @@ def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Comput
     """One rank's compute per optimizer step, before the bubble: the slowest pipeline
     stage's share (``sizes.stage_shares``; equal: 1/pp), recomputation included; on a
     CPU with measured costs, the slowest stage's measured passes and the optimizer."""
+    ranks = local_ranks or layout.mesh.world_size
+    threads = threads_per_rank(compute.cores, ranks)
+    speed = threads * (compute.thread_efficiency if threads > 1 else 1.0)
     measured = measured_parts(layout, compute, sizes) if compute.cpu else None
     if measured is not None:
-        ranks = local_ranks or layout.mesh.world_size
-        threads = threads_per_rank(compute.cores, ranks)
-        speed = threads * (compute.thread_efficiency if threads > 1 else 1.0)
         return (measured[0] / speed + measured[1]) * core_share(compute.cores, ranks, threads)
     samples = layout.micro_batch * layout.accumulation  # per replica per step
     shares = sizes.stage_shares if sizes is not None and layout.mesh.pp > 1 else ()
@@ -252,9 +254,6 @@ def compute_seconds(layout: StepLayout, flops_per_sample: float, compute: Comput
     fixed = compute.fixed_s
     if not compute.cpu:
         return flops / rate + fixed
-    ranks = local_ranks or layout.mesh.world_size
-    threads = threads_per_rank(compute.cores, ranks)
-    speed = threads * (compute.thread_efficiency if threads > 1 else 1.0)
     return (flops / (rate * speed) + fixed) * core_share(compute.cores, ranks, threads)
 
 
@@ -396,5 +395,6 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
         if wait is not None:  # else (several stages per rank): every hand-off exposed;
             # then the last stage broadcasts the step's loss
             exposed["pp"] = max(layout.accumulation, 1) * wait + link.seconds("p2p", 4, 2)
-    total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values())
-    return StepTime(busy, comm, b, total, exposed)
+    late = compute.sync_wait * busy if compute.cpu and mesh.world_size > 1 else 0.0
+    total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values()) + late
+    return StepTime(busy, comm, b, total, exposed, late)
