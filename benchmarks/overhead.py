@@ -164,8 +164,10 @@ def main() -> int:
                 plugin not in DATA_WAIT_HELD or row["median_data_wait_share"] < DATA_WAIT_TARGET)
             met &= row["met"]
             report["workloads"][plugin] = row
+            ratio_met = row["ddl_over_plain"] <= TARGET
+            wait_met = row["median_data_wait_share"] < DATA_WAIT_TARGET
             print(f"{plugin}: ddl/plain {row['ddl_over_plain']:.3f} (target <= {TARGET}: "
-                  f"{'met' if row['met'] else 'MISSED'}; per round "
+                  f"{'met' if ratio_met else 'MISSED'}; per round "
                   f"{min(row['ddl_over_plain_per_round']):.2f}-"
                   f"{max(row['ddl_over_plain_per_round']):.2f}), in CPU time "
                   f"{row['ddl_over_plain_cpu']:.3f}, ddl/accelerate "
@@ -173,7 +175,8 @@ def main() -> int:
                   f"{row['median_ddl_host_s'] * 1e6:.0f} us a step "
                   f"({row['median_ddl_share']:.1%}), data wait "
                   f"{row['median_data_wait_share']:.1%}"
-                  + (f" (target < {DATA_WAIT_TARGET:.0%})" if plugin in DATA_WAIT_HELD else ""),
+                  + (f" (target < {DATA_WAIT_TARGET:.0%}: {'met' if wait_met else 'MISSED'})"
+                     if plugin in DATA_WAIT_HELD else ""),
                   flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

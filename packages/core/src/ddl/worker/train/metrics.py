@@ -84,7 +84,10 @@ class TrainingMetrics:
     dicts, per-token logits ``[batch, length, vocabulary]``, large outputs) is measured at
     once, on the very objects the step returned: a workload may recognise them (ddl_xsum
     reuses its loss's token losses; its synthetic tiny logits are under 1 MiB, and
-    gathered they cost 1.4 ms a step more)."""
+    gathered they cost 1.4 ms a step more). Kept outputs must stay valid for those steps:
+    a model whose outputs live in a CUDA graph's static buffer (``torch.compile`` with
+    ``mode="reduce-overhead"`` inside a plugin) would see them overwritten; ddl's own
+    ``--compile`` uses the default mode."""
 
     GATHER_STEPS = 32
     GATHER_BYTES = 1 << 20
