@@ -69,3 +69,30 @@ def test_the_step_time_charges_the_walked_wait_not_every_hand_off():
     assert timed.comm_s["pp"] == pytest.approx((2 * 4 + 1) * delay)  # the rank's messages
     assert timed.exposed_s["pp"] == pytest.approx((4 + 1) * delay)
     assert timed.total_s == pytest.approx((4 + 1) * 3e-3 + (4 + 1) * delay)
+
+
+def test_weights_several_stages_hold_cost_an_all_reduce_each_per_step():
+    """A tied embedding and head: both end stages hold the weight, and after the schedule
+    ddl_strategies.pipeline all-reduces its gradient between them, one call per weight;
+    tensor parallel and FSDP shrink what each call moves. Without shared weights the step
+    ends with the loss's broadcast alone."""
+    network = stm.Network(stm.Link(1e-3, 1e6))
+    compute = stm.Compute(5e10, 1.0, cpu=True, cores=2,
+                          costs=stm.CpuCosts({2: ((3e-3, 0.0), (3e-3, 0.0))}, 0.0, 4e4))
+    layout = stm.StepLayout(ParallelLayout(pp=2), micro_batch=8, microbatches=4)
+
+    def pp_seconds(shared, mesh=layout.mesh):
+        sizes = stm.Sizes(2e4, boundary_bytes=100.0, shared=shared)
+        at = stm.StepLayout(mesh, micro_batch=8, microbatches=4)
+        timed = stm.step_time(at, 0.0, compute, sizes, network, local_ranks=mesh.world_size)
+        return timed.comm_s["pp"], timed.exposed_s["pp"]
+
+    alone = pp_seconds((0, 0.0))
+    one = network.intra.seconds("all_reduce", 8e3, 2)  # 1 latency + 8 KB at 1 MB/s
+    for before, after in zip(alone, pp_seconds((1, 8e3))):
+        assert after - before == pytest.approx(one)
+    two_calls = network.intra.seconds("all_reduce", 8e3, 2, calls=2)
+    assert pp_seconds((2, 8e3))[1] - alone[1] == pytest.approx(two_calls)
+    split = ParallelLayout(pp=2, dp_shard=2)  # FSDP: each rank reduces its half
+    assert pp_seconds((1, 8e3), split)[1] - pp_seconds((0, 0.0), split)[1] == \
+        pytest.approx(network.intra.seconds("all_reduce", 4e3, 2))

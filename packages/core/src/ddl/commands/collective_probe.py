@@ -42,9 +42,12 @@ TIMEOUT_S = 120.0
 # 1.5-1.8 ms per 24 KB all-reduce: the wake-up after compute is part of the cost.
 COMPUTE_S = 0.001
 # CPU: the compute lengths (and repeats) of the skew measurement (_skew): a short one like
-# the probe's, and one as long as a small model's step (MNIST tiny: ~5 ms)
+# the probe's, and one as long as a small model's step (MNIST tiny: ~5 ms). Its value
+# varies 0.1-0.36 between runs on a 2-core VM at 30 repeats, 0.14-0.20 at 100 (1.2 s); two
+# other designs (four lengths, and the lengths taking turns) read lower, 0.08-0.21, where
+# a DDP step of MNIST tiny paid 0.3-0.5 per second of compute (2026-11-30): 60 repeats.
 SKEW_COMPUTE_S = (0.001, 0.008)
-SKEW_REPEATS = 30
+SKEW_REPEATS = 60
 
 
 def _run_op(op: str, buffers: dict, rank: int, world: int) -> None:

@@ -66,9 +66,11 @@ MULTI_STAGE = ("interleaved1f1b", "looped_bfs", "interleaved_zb")
 def bubble(pp: int, microbatches: int, schedule: str = "1f1b", stages_per_rank: int = 1,
            largest_share: float | None = None) -> float:
     """Idle share of a pipeline step: (p-1) / (m+p-1) for GPipe and 1F1B, with ``v m``
-    for m under the schedules of ``v`` stages per rank. ``largest_share``: the slowest
-    stage's share of the FLOPs when stages differ (None: 1/p): a step then takes
-    ((m-1) s + 1) micro-batch times where the rank computes m s of them."""
+    for m under the schedules of ``v`` stages per rank (Narayanan et al. 2021, sec. 2.2);
+    zero-bubble schedules get the interleaved number (an upper bound for them).
+    ``largest_share``: the slowest stage's share of the FLOPs when stages differ (None:
+    1/p): the slowest sets the steady state, every stage is passed once in the fill and
+    drain, so a step takes ((m-1) s + 1) micro-batch times where the rank computes m s."""
     if pp <= 1:
         return 0.0
     m = max(microbatches, 1) * (stages_per_rank if schedule in MULTI_STAGE else 1)
@@ -128,3 +130,13 @@ def _span(schedule: str, microbatches: int, forward_s: list[float], backward_s: 
                 position[r] += 1
                 moved = True
     return max(free)
+
+
+def step_end(link, shared: tuple[int, float], split: int) -> float:
+    """Seconds of a pipeline's collectives once per step, after its schedule
+    (ddl_strategies.pipeline): the last stage's loss broadcast (one small message), and the
+    gradients of the ``shared[0]`` weights that several stages hold (a tied embedding and
+    head; ``shared[1]`` bytes, fp32, split ``split`` ways by tp and FSDP) all-reduced
+    between their holders, one call each. ``link``: a step_time_model ``Link``."""
+    calls, nbytes = shared
+    return link.seconds("p2p", 4, 2) + link.seconds("all_reduce", nbytes / split, 2, calls)

@@ -160,6 +160,28 @@ class Planner:
         return states, full, held
 
     @cache  # noqa: B019
+    def shared_weights(self, layout: ParallelLayout) -> tuple[int, int]:
+        """(count, fp32-as-stored bytes) of the parameters more than one pipeline rank
+        holds (a tied embedding and head): their gradients are all-reduced each step."""
+        holders: dict[int, tuple[int, set[int]]] = {}
+        for rank, parts in enumerate(probe.stage_parts(self.workload, self._copy(), layout)):
+            for part in parts:
+                for p in part.parameters():
+                    holders.setdefault(id(p), (p.itemsize * _numel(p.shape), set()))[1].add(rank)
+        shared = [size for size, ranks in holders.values() if len(ranks) > 1]
+        return len(shared), sum(shared)
+
+    @cache  # noqa: B019
+    def buffer_groups(self) -> tuple[int, int]:
+        """(dtypes, bytes) of the model's buffers: DDP broadcasts them before each forward,
+        one call per dtype (``broadcast_buffers``; BatchNorm: fp32 statistics, int64
+        counts)."""
+        by_dtype: dict[Any, int] = {}
+        for b in self.model.buffers():
+            by_dtype[b.dtype] = by_dtype.get(b.dtype, 0) + b.element_size() * b.numel()
+        return len(by_dtype), sum(by_dtype.values())
+
+    @cache  # noqa: B019
     def _train(self) -> Any:
         """The workload's training set, read once per plan: every probe's batch is its
         first samples (xsum's datasets() tokenizes every article: a T5 plan read it ~40
@@ -254,7 +276,8 @@ class Planner:
             shares = tuple(f / sum(flops) for f in flops) if flops and sum(flops) else ()
             sizes = stm.Sizes(full, one.rowwise_bytes, one.boundary_bytes, units=units,
                               rowwise_layers=one.rowwise_layers, recompute=self.recompute(),
-                              stage_shares=shares)
+                              stage_shares=shares, shared=self.shared_weights(layout),
+                              buffers=self.buffer_groups())
             timed = stm.step_time(
                 step_layout(c), self.flops or 0.0, compute, sizes, network(d),
                 {dim: search.crosses_nodes(layout, dim, d.gpus_per_node)

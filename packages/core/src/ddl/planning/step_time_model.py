@@ -1,30 +1,24 @@
-"""The step-time model: how long one optimizer step of a layout takes, from FLOPs, a device's
-rate and an alpha-beta model of the collectives. No torch here (``ddl plan`` and reports
-use it without).
+"""The step-time model: one optimizer step of a layout, from FLOPs, a device's rate and an
+alpha-beta model of the collectives. No torch here (``ddl plan`` and reports use it).
 
-Compute. One rank's arithmetic per optimizer step is the workload's training FLOPs per
-sample (``Workload.flops_per_sample``: forward + backward) x the samples it processes, over
-the rate it reaches: ``peak x efficiency``, with ``peak`` the site profile's
-``device_peak_flops`` (or measured: ``ddl.worker.mfu.measure_matmul_peak``) and
-``efficiency`` an assumed model FLOPs utilisation (0.4 on GPUs) or a measured one. Tensor
-and pipeline parallel split a sample's FLOPs over their degrees (a pipeline rank: its
-stage's share); activation checkpointing adds what it recomputes (below); ``fixed_s`` is a
-per-step cost that does not grow with the batch (the optimizer's pass, per-operator
-overhead): 0 unless measured.
+Compute. A rank's training FLOPs per step (``Workload.flops_per_sample``, forward +
+backward, x its samples; tp splits them, a pipeline rank does its stage's share,
+checkpointing adds what it recomputes: below) over ``peak x efficiency``: the site's
+``device_peak_flops`` (or ``ddl.worker.mfu.measure_matmul_peak``) x an assumed 0.4 on a
+GPU; + ``fixed_s`` per step (the optimizer, per-operator overhead: 0 unless measured).
 
-CPU ranks. A CPU "device" is the threads a rank computes with: ``cores // ranks`` each (at
-least one, ``ddl.settings.cores``), ``t`` threads at ``t`` x one thread's rate x
-``thread_efficiency`` (measured; ~0.73 for a small model's second thread); ranks whose
-threads outnumber the cores take ``ranks x threads / cores`` times as long. With several
-ranks the step also waits for the slowest one at its collectives: ``sync_wait`` x the
-compute (measured by ``ddl doctor --collectives``: ~0.15-0.2 on a 2-core VM).
+CPU ranks compute with ``cores // ranks`` threads each (at least one, ddl.settings.cores)
+at ``thread_efficiency`` each; ranks whose threads outnumber the cores take ``ranks x
+threads / cores`` times as long; with several ranks the step also waits for the slowest
+at its collectives: ``sync_wait`` x the compute (``ddl doctor --collectives``).
 
-Communication: the alpha-beta cost of one collective on one link is
-ddl.planning.collective_cost (formulas and sources there).
+Communication: one collective's alpha-beta cost is ddl.planning.collective_cost's.
 
 Per layout, per optimizer step (``accumulation`` micro-steps):
 - DDP (dp_replicate alone): one all-reduce of the gradients (fp32: autocast keeps fp32
-  parameters), in 25 MiB buckets that start while the backward still runs;
+  parameters), in 25 MiB buckets that start while the backward still runs; before each
+  forward rank 0's buffers (BatchNorm's statistics) broadcast, one call per dtype
+  (``broadcast_buffers``, torch's default; a ring: (p-1) alpha + n beta on the p2p fit);
 - FSDP (dp_shard): per micro-step, an all-gather of each unit's parameters in the forward
   and again in the backward (``reshard_after_forward``, ddl's default), in the parameter
   dtype FSDP2's ``MixedPrecisionPolicy`` gathers in (``param_dtype``: ``ddl plan`` runs its
@@ -38,13 +32,9 @@ Per layout, per optimizer step (``accumulation`` micro-steps):
   with its own latency, on the intra-node link (tp divides a node's GPUs); full activation
   checkpointing repeats the forward's (3 per layer);
 - pipeline parallel: each boundary sends the activations forward and their gradients back,
-  point-to-point, per micro-batch (what a rank waits for: Overlap); the bubble stretches it:
-  ``(p-1) / (m + p-1)`` for GPipe and 1F1B, ``(p-1) / (v m + p-1)`` for the interleaved
-  schedules with v stages per rank (Narayanan et al. 2021, sec. 2.2); zero-bubble schedules
-  get the interleaved number (an upper bound for them). Unequal stages: the slowest sets
-  the steady state, every stage is passed once in the fill and drain: a step takes
-  ``((m-1) s_max + 1)`` x one micro-batch's whole-model time (``s_max``: the largest
-  stage's FLOP share). Per step the last stage broadcasts the loss (one message).
+  point-to-point, per micro-batch (what a rank waits for: Overlap); the schedule's bubble
+  stretches the compute; once per step the loss's broadcast and the all-reduce of the
+  weights several stages hold (ddl.planning.pipeline_schedule: ``bubble``, ``step_end``).
 
 Activation checkpointing costs its recomputed forward: ``recompute`` (the share of the
 forward FLOPs the backward runs again, measured on the meta device by
@@ -66,9 +56,8 @@ unit's reduction are exposed, and the rest only where it exceeds the compute of 
 with the forward's third of a micro-step's compute hiding the forward gathers and the
 backward's two thirds (plus recomputation) the backward's gathers and reductions. DDP's
 bucketed all-reduce overlaps the backward the same way (all but its last bucket; PyTorch
-docs, notes/ddp.rst). Tensor parallel's all-reduces sit between a layer's matrix products
-and are all exposed. A pipeline waits for its hand-offs as its schedule's order makes it
-(walked per rank: ddl.planning.pipeline_schedule.handoff_wait; GPipe and 1F1B).
+docs, notes/ddp.rst). Tensor parallel's all-reduces are all exposed; a pipeline's
+hand-offs as long as its schedule waits for them (pipeline_schedule.handoff_wait).
 """
 
 from __future__ import annotations
@@ -80,7 +69,8 @@ from ddl.contract.layout import ParallelLayout
 # re-exported: callers name the link model through the step-time model
 from ddl.planning.collective_cost import OPS, Link, Network, ring_factors  # noqa: F401
 from ddl.planning.layout_search import uses_fsdp
-from ddl.planning.pipeline_schedule import MULTI_STAGE, bubble, handoff_wait  # noqa: F401
+from ddl.planning.pipeline_schedule import (  # noqa: F401
+    MULTI_STAGE, bubble, handoff_wait, step_end)
 
 RECOMPUTE = {"none": 1.0, "selective": 1.0, "full": 4 / 3}  # assumed where not measured
 ASSUMED_GPU_EFFICIENCY = 0.4  # model FLOPs utilisation assumed on a GPU: ranks, not promises
@@ -163,7 +153,9 @@ class Sizes:
     ``units``: FSDP units of a pipeline rank (the workload's ``fsdp_units`` it holds + the
     root); ``recompute``: per checkpointing mode, the share of the forward FLOPs its
     backward runs again (missing: :data:`RECOMPUTE`'s assumption); ``stage_shares``: each
-    pipeline stage's share of the FLOPs (empty: equal)."""
+    pipeline stage's share of the FLOPs (empty: equal); ``shared``: (weights, bytes) that
+    more than one pipeline rank holds a copy of (fp32, before tp and FSDP split them);
+    ``buffers``: (dtypes, bytes) of the model's buffers, which DDP broadcasts."""
 
     param_bytes: float
     rowwise_bytes: float = 0.0
@@ -172,6 +164,8 @@ class Sizes:
     rowwise_layers: int = 0
     recompute: Mapping[str, float] = field(default_factory=dict)
     stage_shares: tuple[float, ...] = ()
+    shared: tuple[int, float] = (0, 0.0)
+    buffers: tuple[int, float] = (0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -286,8 +280,11 @@ def _comm(layout: StepLayout, sizes: Sizes, network: Network,
         nbytes = reduced if fsdp2 else local
         # DDP: one call per 25 MiB bucket; FSDP2 (HSDP): one per unit
         calls = units if fsdp2 else max(1, -(-int(local) // DDP_BUCKET_BYTES))
-        out["dp_replicate"] = (link("dp_replicate").seconds(
-            "all_reduce", nbytes / mesh.dp_shard, mesh.dp_replicate, calls),)
+        ln, p = link("dp_replicate"), mesh.dp_replicate
+        alpha, bandwidth = ln.numbers("p2p")
+        out["dp_replicate"] = (ln.seconds("all_reduce", nbytes / mesh.dp_shard, p, calls),
+                               0.0 if fsdp2 else steps * (sizes.buffers[0] * (p - 1) * alpha
+                                                          + sizes.buffers[1] / bandwidth))
     if mesh.tp > 1 and sizes.rowwise_bytes:
         # per forward pass of m samples one all-reduce per row-parallel layer (its output)
         # and one in the backward (full checkpointing: the forward's again)
@@ -301,10 +298,11 @@ def _comm(layout: StepLayout, sizes: Sizes, network: Network,
     if mesh.pp > 1 and sizes.boundary_bytes:
         m = max(layout.microbatches, 1)
         per_message = sizes.boundary_bytes * layout.micro_batch / m
-        # a middle stage sends forward and backward, per micro-batch; + the loss's broadcast
+        # a middle stage sends forward and backward, per micro-batch; then once per step
         out["pp"] = (2 * steps * m * link("pp").seconds("p2p", per_message, 2)
-                     + link("pp").seconds("p2p", 4, 2),)
+                     + step_end(link("pp"), sizes.shared, mesh.tp * mesh.dp_shard),)
     return out
+
 
 
 def comm_seconds(layout: StepLayout, sizes: Sizes, network: Network,
@@ -343,9 +341,10 @@ def exposed_seconds(layout: StepLayout, sizes: Sizes, network: Network, busy_s: 
     ddp = mesh.dp_shard == mesh.tp == mesh.pp == 1
     fwd_gather, bwd_gather, scatter = parts.get("dp_shard", (0.0, 0.0, 0.0))
     replicate = parts.get("dp_replicate", (0.0,))[0]
-    if ddp and replicate:  # buckets filled as the last micro-step's backward runs
+    if ddp and replicate:  # buckets filled as the last micro-step's backward runs; the
+        # buffers' broadcast before each forward hides under nothing
         buckets = max(1, -(-int(sizes.param_bytes) // DDP_BUCKET_BYTES))
-        out["dp_replicate"] = _hidden(replicate, backward, buckets)
+        out["dp_replicate"] = _hidden(replicate, backward, buckets) + parts["dp_replicate"][1]
         return out
     # FSDP2 (HSDP; replicate-only under tp or pp is FSDP2 too): per micro-step the
     # forward's gathers under the forward, the backward's under the backward; the last
@@ -387,14 +386,15 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
         shares = shares if len(shares) == mesh.pp else (1 / mesh.pp,) * mesh.pp
         m = max(layout.microbatches, 1)
         slowest = stretched / (max(layout.accumulation, 1) * m)  # one micro-batch, F + B
-        times = [slowest * share / max(shares) for share in shares]
         link = network.link(bool(crosses.get("pp")))
+        times = [slowest * share / max(shares) for share in shares]
         message = link.seconds("p2p", sizes.boundary_bytes * layout.micro_batch / m, 2)
         wait = handoff_wait(layout.schedule, m, [t / 3 for t in times],
                             [t * 2 / 3 for t in times], message)
         if wait is not None:  # else (several stages per rank): every hand-off exposed;
-            # then the last stage broadcasts the step's loss
-            exposed["pp"] = max(layout.accumulation, 1) * wait + link.seconds("p2p", 4, 2)
+            # then the loss's broadcast and the shared weights' all-reduce
+            exposed["pp"] = max(layout.accumulation, 1) * wait \
+                + step_end(link, sizes.shared, layout.mesh.tp * layout.mesh.dp_shard)
     late = compute.sync_wait * busy if compute.cpu and mesh.world_size > 1 else 0.0
     total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values()) + late
     return StepTime(busy, comm, b, total, exposed, late)
