@@ -55,3 +55,34 @@ def test_bars_met_and_each_miss_named(tmp_path):
         proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plan_ranking.py"),
                                "--check", str(path)], capture_output=True, text=True)
         assert proc.returncode == code, proc.stdout + proc.stderr
+
+
+def test_rounds_are_judged_on_each_meshs_median(tmp_path):
+    """Three rounds: a row off in one round only is judged on its median and met; a row
+    off in two of three is missed; rows are matched by mesh, not by their place (the
+    plan's order of the two slower layouts may swap between rounds); the ranking bar on
+    the median of its ratio; a round with no peak leaves that row without a median."""
+    rounds = [
+        _doc([_row(MESHES[0], step=1.5), _row(MESHES[1], step=1.4), _row(MESHES[2])], 1.3),
+        _doc([_row(MESHES[0], step=1.1), _row(MESHES[2]), _row(MESHES[1], step=1.5)], 1.0),
+        _doc([_row(MESHES[0], step=1.0), _row(MESHES[1], step=1.1),
+              _row(MESHES[2], peak=None)], 1.05),
+    ]
+    doc = {"rounds": rounds}
+    judged = plan_ranking.medians(rounds)["workloads"]["mnist"]["verify"]
+    by_mesh = {json.dumps(r["mesh"], sort_keys=True): r for r in judged["layouts"]}
+    assert by_mesh[json.dumps(MESHES[0], sort_keys=True)]["ratio"]["step"] == 1.1
+    assert by_mesh[json.dumps(MESHES[1], sort_keys=True)]["ratio"]["step"] == 1.4
+    assert by_mesh[json.dumps(MESHES[2], sort_keys=True)]["ratio"]["peak"] is None
+    assert judged["order"]["first_over_fastest"] == 1.05
+    misses = plan_ranking.bars(doc)
+    assert [m.split(":")[0] for m in misses] == ["mnist #2 step", "mnist #3 peak"], misses
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "plan_ranking.py"),
+                           "--check", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "mnist #2 step" in proc.stdout, proc.stdout + proc.stderr
+    # mesh 1 off in one round only, mesh 2 with its peak: all met
+    rounds[1]["workloads"]["mnist"]["verify"]["layouts"][2]["ratio"]["step"] = 1.0
+    rounds[2]["workloads"]["mnist"]["verify"]["layouts"][2]["ratio"]["peak"] = 1.0
+    assert plan_ranking.bars({"rounds": rounds}) == []
