@@ -1,7 +1,8 @@
 """``ddl plan``'s activation probe on models its tests were not tuned on, against ddl's
 saved-tensor meter on a real CPU forward (ddl.worker.observe.activation_memory): the GPT
-example (docs/examples/ddl-gpt-plugin) cut into 2 pipeline stages, and torchvision's
-VisionTransformer at a small config, with each checkpointing mode.
+example (docs/examples/ddl-gpt-plugin) cut into 2 pipeline stages at two presets,
+torchvision's VisionTransformer at a small config with each checkpointing mode, Hugging
+Face's GPT-2 and torchvision's MobileNetV3-small.
 
 Both use ``F.scaled_dot_product_attention``. On the meta device it took the math path,
 which keeps the (b, h, t, t) attention probabilities that the CPU's fused kernel does not:
@@ -64,21 +65,24 @@ def _measured(stage: nn.Module, args: tuple, loss=None) -> tuple[int, object]:
     return meter.peak_bytes, out
 
 
-def _gpt_workload():
+def _gpt_workload(preset: str = "tiny"):
     sys.path.insert(0, str(GPT_PLUGIN))
     try:
         from ddl_gpt.plugin import PRESETS
         from ddl_gpt.workload import GptWorkload
     finally:
         sys.path.remove(str(GPT_PLUGIN))
-    return GptWorkload(PRESETS["tiny"])
+    return GptWorkload(PRESETS[preset])
 
 
-def test_gpt_example_pipeline_stages_to_the_byte():
-    workload = _gpt_workload()
+# the preset the planner's tests met first, and a wider one (issue 51, item 4: 4 blocks,
+# d_model 64, context 64)
+@pytest.mark.parametrize("preset,context", [("tiny", 16), ("standard", 64)])
+def test_gpt_example_pipeline_stages_to_the_byte(preset, context):
+    workload = _gpt_workload(preset)
     torch.manual_seed(0)
-    ids = torch.randint(0, 29, (4, 16))
-    targets = torch.randint(0, 29, (4, 16))
+    ids = torch.randint(0, 29, (4, context))
+    targets = torch.randint(0, 29, (4, context))
     predicted = plan_probe.activation_bytes(
         workload, plan_probe.meta_model(workload.build_model), ids.to("meta"),
         targets.to("meta"), n_stages=2, device_type="cpu").per_stage
@@ -109,6 +113,53 @@ def test_torchvision_vit_to_the_byte(mode):
     if mode != "none":
         activation_checkpointing.apply(workload.fsdp_units(model), mode)
     measured, _ = _measured(model, (images,), lambda o: workload.loss(o, labels))
+    assert predicted == [measured]
+
+
+class _Logits(nn.Module):
+    """A Hugging Face causal LM as a plain module: token ids in, logits out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).logits
+
+
+def _hf_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return _Logits(GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                              n_positions=32)))
+
+
+def _mobilenet():
+    from torchvision.models import mobilenet_v3_small
+
+    return mobilenet_v3_small(num_classes=10)
+
+
+@pytest.mark.parametrize("name", ["hf-gpt2", "torchvision-mobilenet_v3_small"])
+def test_third_party_models_to_the_byte(name):
+    """Models nobody here wrote, at small configs built from their own classes (nothing
+    downloaded): Hugging Face's GPT-2 (2 layers, d 64; its attention dropout on, as it
+    trains) and torchvision's MobileNetV3-small (BatchNorm, hardswish, squeeze-excite)."""
+    pytest.importorskip("transformers" if name.startswith("hf") else "torchvision")
+    if name == "hf-gpt2":
+        build, units = _hf_gpt2, (lambda m: list(m.model.transformer.h))
+        inputs, targets = torch.randint(0, 100, (4, 32)), torch.randint(0, 100, (4, 32))
+    else:
+        build, units = _mobilenet, (lambda m: list(m.features))
+        inputs, targets = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
+    workload = _Classifier(build, units)
+    torch.manual_seed(0)
+    predicted = plan_probe.activation_bytes(
+        workload, plan_probe.meta_model(build), inputs.to("meta"), targets.to("meta"),
+        device_type="cpu").per_stage
+    model = build()
+    model.train()
+    measured, _ = _measured(model, (inputs,), lambda o: workload.loss(o, targets))
     assert predicted == [measured]
 
 
