@@ -224,3 +224,33 @@ def test_the_trainers_metrics_are_priced_with_the_batch(synthetic_mnist):
     assert sorted(set(calls)) == [2 * steps, 32 * steps]
     assert min(cheap) >= 0 and cheap[0] + 32 * cheap[1] > 0
     assert dear[0] + 32 * dear[1] > 2 * (cheap[0] + 32 * cheap[1])
+
+
+def test_a_rank_with_several_cores_is_priced_at_the_models_own_thread_efficiency(
+        synthetic_mnist):
+    """When the ranks leave a rank several cores (``ddl plan --nproc 1`` on 2 cores), the
+    calibration times the workload's own pass on that many threads: a small model gains
+    less than a matmul, and the model divides its passes by threads x that efficiency
+    (before, the planner never passed one: 2 threads counted as twice one)."""
+    import torch
+
+    from ddl.contract.plugins import Plugins
+
+    spec = Plugins().workload("mnist")
+    workload = spec.create(spec.presets["tiny"])
+    inputs, targets = cpu_calibration.real_batch(workload, synthetic_mnist, 32)
+    torch.manual_seed(0)
+    model = workload.build_model()
+    previous = torch.get_num_threads()
+    try:
+        assert cpu_calibration._thread_efficiency(workload, model, inputs, targets, 1) == 1.0
+        two = cpu_calibration._thread_efficiency(workload, model, inputs, targets, 2)
+    finally:
+        torch.set_num_threads(previous)
+    assert 0 < two <= 1.0
+    one_rank = stm.StepLayout(ParallelLayout(), micro_batch=32)
+    costs = stm.CpuCosts({1: ((0.0, 1e-4),)}, 0.0, 4e4)
+    full, half = (stm.compute_seconds(one_rank, 0.0, stm.Compute(
+        5e10, 1.0, cpu=True, cores=2, costs=costs, thread_efficiency=e), local_ranks=1)
+        for e in (1.0, 0.5))
+    assert full == pytest.approx(32e-4 / 2) and half == pytest.approx(32e-4)

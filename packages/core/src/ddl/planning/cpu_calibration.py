@@ -170,13 +170,16 @@ def real_batch(workload, data_dir: Path, size: int, train: Any = None):
 
 
 def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
-                   sizes: tuple[int, int], param_bytes: int, train: Any = None
-                   ) -> dict[str, Any] | None:
+                   sizes: tuple[int, int], param_bytes: int, train: Any = None,
+                   threads: int = 1) -> dict[str, Any] | None:
     """The workload's measured costs on one thread (module docstring), or None when its
     model is too big to build here. ``{"stages": {pp: [(pass_s, sample_s), ...]},
-    "optimizer_s": s, "param_bytes": n, "sizes": (a, b)}``; ``sample_s`` per sample of a
-    pass, ``pass_s`` the pass's part that does not grow with the samples. ``train``: the
-    workload's training set if the caller holds it (else read once here)."""
+    "optimizer_s": s, "param_bytes": n, "sizes": (a, b), "thread_efficiency": e}``;
+    ``sample_s`` per sample of a pass, ``pass_s`` the pass's part that does not grow with
+    the samples; ``e``: the whole model's pass of the larger size on ``threads`` threads
+    (a rank's, when the ranks leave it several cores) against one, per thread (1.0 for
+    one thread). ``train``: the workload's training set if the caller holds it (else
+    read once here)."""
     if param_bytes > MAX_CALIBRATED_BYTES:
         return None
     import torch
@@ -205,6 +208,7 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
                  max((t_b - t_s) / (big - small), 0.0) if big != small else 0.0)
                 for t_s, t_b in zip(times[small], times[big])]
             stages_out[pp] = [(max(a, 0.0), b) for a, b in stages_out[pp]]
+        efficiency = _thread_efficiency(workload, model, *batches[big], threads)
         # the optimizer over the whole model (zero_grad + step, gradients present)
         params = [p for p in model.parameters() if p.requires_grad]
         for p in params:
@@ -225,7 +229,26 @@ def workload_costs(workload, data_dir: Path, pipeline_degrees: tuple[int, ...],
     finally:
         torch.set_num_threads(previous)
     return {"stages": stages_out, "optimizer_s": optimizer_s, "param_bytes": param_bytes,
-            "data": data, "sizes": list(sizes), "wrappers": wrappers}
+            "data": data, "sizes": list(sizes), "wrappers": wrappers,
+            "thread_efficiency": efficiency}
+
+
+def _thread_efficiency(workload, model, inputs, targets, threads: int) -> float:
+    """The model's forward + backward on ``threads`` threads against one thread, per thread
+    (at most 1): what a rank with several cores gains from them. A small model gains far
+    less than a matmul (MNIST tiny: ~0.5 on 2 threads, where 512 x 512 matmuls reach
+    ~0.86; benchmarks/step_time_ratios.py)."""
+    import torch
+
+    if threads <= 1:
+        return 1.0
+    one = _stage_times(workload, [model], inputs, targets, True)[0]
+    torch.set_num_threads(threads)
+    try:
+        many = _stage_times(workload, [model], inputs, targets, True)[0]
+    finally:
+        torch.set_num_threads(1)
+    return min(one / (threads * many), 1.0) if many > 0 else 1.0
 
 
 def _data_costs(workload, data_dir: Path, sizes: tuple[int, int], train: Any = None

@@ -105,9 +105,10 @@ class Planner:
                       default=2)
         sizes = (2, max(min(biggest, 64), 3))
         param_bytes = sum(p.itemsize * _numel(p.shape) for p in self.model.parameters())
+        ranks = candidates[0].layout.world_size if candidates else 1
         self.cpu_costs = cpu_calibration.workload_costs(
             self.workload, self.batch_source, degrees, sizes, param_bytes,
-            train=self._train())
+            train=self._train(), threads=stm.threads_per_rank(self.device.cores, ranks))
         return self.cpu_costs
 
     def _compute(self) -> stm.Compute | None:
@@ -120,7 +121,9 @@ class Planner:
             costs = self.cpu_costs
             skew = d.cpu_links.get("skew") or {}
             return stm.Compute(d.cpu_matmul_flops, 1.0, cpu=True, cores=d.cores,
-                               sync_wait=skew.get("wait_per_compute", 0.0), costs=(
+                               sync_wait=skew.get("wait_per_compute", 0.0),
+                               thread_efficiency=(costs or {}).get("thread_efficiency", 1.0),
+                               costs=(
                 stm.CpuCosts({int(k): tuple(tuple(x) for x in v)
                               for k, v in costs["stages"].items()},
                              costs["optimizer_s"], costs["param_bytes"],
