@@ -148,6 +148,19 @@ def install_plugin(site: Path, module: str, body: str, entry: str | None = None)
     return {"PYTHONPATH": str(site)}
 
 
+def gpt_example_workload(preset: str = "tiny"):
+    """The example GPT plugin's workload (docs/examples/ddl-gpt-plugin), imported from its
+    source as a third party's would be, without installing it."""
+    source = str(REPO / "docs" / "examples" / "ddl-gpt-plugin" / "src")
+    sys.path.insert(0, source)
+    try:
+        from ddl_gpt.plugin import PRESETS
+        from ddl_gpt.workload import GptWorkload
+    finally:
+        sys.path.remove(source)
+    return GptWorkload(PRESETS[preset])
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     """Bad input: exit 2, exactly one line on stderr naming the problem, no traceback."""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -12,14 +12,12 @@ picks; these compare to the byte. The GPU kernels' choice runs here on fake CUDA
 only (no GPU): flash attention for 16-bit inputs, memory-efficient for fp32, neither
 keeping the probabilities."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from conftest import gpt_example_workload
 from ddl.contract.workload import Workload
 from ddl.planning import plan_probe
 from ddl.planning.attention_probe import fused_attention
@@ -27,8 +25,6 @@ from ddl.worker.build import activation_checkpointing
 from ddl.worker.observe.activation_memory import SavedTensorMeter
 
 pytestmark = pytest.mark.unit
-
-GPT_PLUGIN = Path(__file__).parents[2] / "docs/examples/ddl-gpt-plugin/src"
 
 
 class _Classifier(Workload):
@@ -65,21 +61,11 @@ def _measured(stage: nn.Module, args: tuple, loss=None) -> tuple[int, object]:
     return meter.peak_bytes, out
 
 
-def _gpt_workload(preset: str = "tiny"):
-    sys.path.insert(0, str(GPT_PLUGIN))
-    try:
-        from ddl_gpt.plugin import PRESETS
-        from ddl_gpt.workload import GptWorkload
-    finally:
-        sys.path.remove(str(GPT_PLUGIN))
-    return GptWorkload(PRESETS[preset])
-
-
 # the preset the planner's tests met first, and a wider one (issue 51, item 4: 4 blocks,
 # d_model 64, context 64)
 @pytest.mark.parametrize("preset,context", [("tiny", 16), ("standard", 64)])
 def test_gpt_example_pipeline_stages_to_the_byte(preset, context):
-    workload = _gpt_workload(preset)
+    workload = gpt_example_workload(preset)
     torch.manual_seed(0)
     ids = torch.randint(0, 29, (4, context))
     targets = torch.randint(0, 29, (4, context))

@@ -6,34 +6,22 @@ statistics; ``Planner.buffer_groups``) before every forward, one call per dtype.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import gpt_example_workload
 from ddl.contract.layout import ParallelLayout
 from ddl.planning import step_time_model as stm
 from ddl.planning.planner import Device, Planner
 
 pytestmark = pytest.mark.unit
 
-GPT_SRC = REPO / "docs" / "examples" / "ddl-gpt-plugin" / "src"
 CPU = Device("cpu", 1, 1 << 34, None, None, None)
 
 
-def _gpt(preset: str = "tiny"):
-    sys.path.insert(0, str(GPT_SRC))
-    try:
-        from ddl_gpt.plugin import PRESETS
-        from ddl_gpt.workload import GptWorkload
-    finally:
-        sys.path.remove(str(GPT_SRC))
-    return GptWorkload(PRESETS[preset])
-
-
 def test_the_example_gpts_tied_embedding_is_shared_by_its_end_stages(tmp_path):
-    workload = _gpt()
+    workload = gpt_example_workload()
     planner = Planner(workload, Path(tmp_path), CPU)
     emb = planner.model.tok_emb.weight
     assert planner.shared_weights(ParallelLayout(pp=2)) == (1, emb.numel() * 4)
