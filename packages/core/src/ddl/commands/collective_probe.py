@@ -90,9 +90,10 @@ def _skew(work, device) -> dict[str, Any]:
     count = torch.tensor([max(int(20 * COMPUTE_S / (time.perf_counter() - t0)), 1)])
     dist.all_reduce(count, op=dist.ReduceOp.MIN)
     message = torch.ones(1024, device=device)  # 4 KB, as the probe's smallest size
-    compute, latency = [], []
+    compute, latency, counts = [], [], []
     for seconds in SKEW_COMPUTE_S:
         products = max(int(count.item() * seconds / COMPUTE_S), 1)
+        counts.append(products)
         dist.barrier()
         busy = waited = 0.0
         for _ in range(SKEW_REPEATS):
@@ -108,7 +109,8 @@ def _skew(work, device) -> dict[str, Any]:
         latency.append(float(slowest[1]))
     span = compute[-1] - compute[0]
     per = max((latency[-1] - latency[0]) / span, 0.0) if span > 0 else 0.0
-    return {"wait_per_compute": per, "compute_s": compute, "latency_s": latency}
+    return {"wait_per_compute": per, "compute_s": compute, "latency_s": latency,
+            "products": counts}
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int, ...],
