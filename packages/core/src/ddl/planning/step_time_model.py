@@ -304,7 +304,6 @@ def _comm(layout: StepLayout, sizes: Sizes, network: Network,
     return out
 
 
-
 def comm_seconds(layout: StepLayout, sizes: Sizes, network: Network,
                  crosses: Mapping[str, bool] | None = None) -> dict[str, float]:
     """Seconds of communication per optimizer step, per mesh dimension, as if none of it
@@ -386,15 +385,15 @@ def step_time(layout: StepLayout, flops_per_sample: float, compute: Compute,
         shares = shares if len(shares) == mesh.pp else (1 / mesh.pp,) * mesh.pp
         m = max(layout.microbatches, 1)
         slowest = stretched / (max(layout.accumulation, 1) * m)  # one micro-batch, F + B
-        link = network.link(bool(crosses.get("pp")))
         times = [slowest * share / max(shares) for share in shares]
+        link = network.link(bool(crosses.get("pp")))
         message = link.seconds("p2p", sizes.boundary_bytes * layout.micro_batch / m, 2)
         wait = handoff_wait(layout.schedule, m, [t / 3 for t in times],
                             [t * 2 / 3 for t in times], message)
         if wait is not None:  # else (several stages per rank): every hand-off exposed;
             # then the loss's broadcast and the shared weights' all-reduce
             exposed["pp"] = max(layout.accumulation, 1) * wait \
-                + step_end(link, sizes.shared, layout.mesh.tp * layout.mesh.dp_shard)
+                + step_end(link, sizes.shared, mesh.tp * mesh.dp_shard)
     late = compute.sync_wait * busy if compute.cpu and mesh.world_size > 1 else 0.0
     total = stretched / (1 - b) + (busy - stretched) + sum(exposed.values()) + late
     return StepTime(busy, comm, b, total, exposed, late)
