@@ -24,7 +24,7 @@ PAGES = sorted(
                               "course-parity.md", "scaling-study.md", "gpus-per-process.md",
                               "checkpoints.md", "measuring.md", "slurm.md",
                               "plugin-authors.md", "containers.md", "site-guides.md",
-                              "plan.md", "results.md", "sites.md", "architecture.md")]
+                              "plan.md", "plan-history.md", "results.md", "sites.md", "architecture.md")]
     + list((DOCS / "workloads").glob("*.md")) + list((DOCS / "examples").glob("*/README.md")))
 
 # "about 35 s", "~1.5 min", "~30-40 s", "about 5 s per epoch"
