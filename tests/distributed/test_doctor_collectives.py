@@ -9,6 +9,7 @@ import json
 import pytest
 
 from conftest import run_ddl
+from ddl.commands import collective_probe
 from ddl.planning import step_time_model as stm
 
 pytestmark = pytest.mark.distributed
@@ -46,3 +47,9 @@ def test_collectives_are_timed_and_fitted(tmp_path):
     assert skew["products"][1] >= 7 * skew["products"][0] >= 7, skew
     assert min(skew["compute_s"]) > 0 and min(skew["latency_s"]) > 0, skew
     assert skew["wait_per_compute"] >= 0, skew
+    # taken again while the two blocks came out too close to divide by (a busy moment);
+    # a reading it kept is one far enough apart
+    assert 1 <= skew["attempts"] <= collective_probe.SKEW_ATTEMPTS, skew
+    assert skew["reliable"] == (skew["compute_s"][1]
+                                >= collective_probe.SKEW_MIN_SPAN * skew["compute_s"][0]), skew
+    assert skew["reliable"] or skew["attempts"] == collective_probe.SKEW_ATTEMPTS, skew

@@ -165,6 +165,31 @@ def test_cache_is_per_machine_and_expires(tmp_path, monkeypatch):
     assert cpu_calibration.cached("links-2") is None
 
 
+def test_a_skew_measured_too_close_to_divide_is_not_cached(tmp_path, monkeypatch):
+    """The skew probe's slope divides by the two compute blocks' time difference (8x the
+    products apart): under load one block was seen at 1.87 ms against the other's 0.77.
+    Such a reading is kept out of the week's cache, so no plan counts a wild wait; a
+    reading far enough apart is kept."""
+    from ddl.commands.collective_probe import SKEW_MIN_SPAN, skew_slope
+
+    per, reliable = skew_slope([1e-3, 8e-3], [1.0e-3, 2.4e-3])
+    assert reliable and per == pytest.approx(1.4e-3 / 7e-3)
+    assert skew_slope([2e-3, 2e-3 * SKEW_MIN_SPAN], [1e-3, 3e-3])[1]  # at the floor: kept
+    assert not skew_slope([2e-3, 2e-3 * SKEW_MIN_SPAN * 0.99], [1e-3, 3e-3])[1]
+    assert skew_slope([1.87e-3, 0.77e-3], [1e-3, 2e-3]) == (0.0, False)  # no span at all
+    assert not skew_slope([0.0, 8e-3], [1e-3, 2e-3])[1]
+
+    monkeypatch.setenv("DDL_CACHE_DIR", str(tmp_path))
+    fits = {"all_reduce": {"latency_s": 1e-3, "bytes_per_s": 1e9}}
+    wild = {"wait_per_compute": 9.0, "compute_s": [1.9e-3, 4e-3], "latency_s": [1e-3, 2e-2],
+            "products": [10, 80], "attempts": 3, "reliable": False}
+    links, _ = cpu_calibration.links(2, lambda n: {"fits": fits, "seconds": {}, "skew": wild})
+    assert "skew" not in links and links["all_reduce"] == fits["all_reduce"]
+    good = {**wild, "wait_per_compute": 0.2, "compute_s": [1e-3, 8e-3], "reliable": True}
+    links, _ = cpu_calibration.links(3, lambda n: {"fits": fits, "seconds": {}, "skew": good})
+    assert links["skew"]["wait_per_compute"] == 0.2
+
+
 def test_local_plan_ranks_by_step_time_and_follows_the_links(synthetic_mnist, tmp_path):
     """One planted slow collective moves `ddl plan --site local`'s ranking: with the
     usual links DDP leads (tests/unit/test_plan_cpu_site.py, 4 processes); with gloo's

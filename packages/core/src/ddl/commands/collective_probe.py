@@ -48,6 +48,12 @@ COMPUTE_S = 0.001
 # a DDP step of MNIST tiny paid 0.3-0.5 per second of compute (2026-11-30): 60 repeats.
 SKEW_COMPUTE_S = (0.001, 0.008)
 SKEW_REPEATS = 60
+# The slope divides by the two blocks' time difference: when other work slows the short
+# block (seen under load: 1.87 against 0.77 ms for the 8x longer one), it reads anything.
+# A measurement whose long block took under SKEW_MIN_SPAN x the short one's time is taken
+# again, up to SKEW_ATTEMPTS times; after that it is kept as unreliable (not cached).
+SKEW_MIN_SPAN = 4.0
+SKEW_ATTEMPTS = 3
 
 
 def _run_op(op: str, buffers: dict, rank: int, world: int) -> None:
@@ -80,7 +86,9 @@ def _skew(work, device) -> dict[str, Any]:
     a fixed time, as a training step does: one rank's work then ends late now and then
     (a scheduler tick, another thread, a cache), and the other waits for it in the
     collective. ``wait_per_compute``: the slowest rank's extra wait per second of compute,
-    from ``SKEW_COMPUTE_S``'s two lengths (0 when longer compute waited no longer)."""
+    from ``SKEW_COMPUTE_S``'s two lengths (0 when longer compute waited no longer);
+    ``reliable``: whether the two lengths' times came out far enough apart to divide by
+    (:func:`skew_slope`), after up to ``SKEW_ATTEMPTS`` tries."""
     import torch
     import torch.distributed as dist
 
@@ -90,27 +98,37 @@ def _skew(work, device) -> dict[str, Any]:
     count = torch.tensor([max(int(20 * COMPUTE_S / (time.perf_counter() - t0)), 1)])
     dist.all_reduce(count, op=dist.ReduceOp.MIN)
     message = torch.ones(1024, device=device)  # 4 KB, as the probe's smallest size
-    compute, latency, counts = [], [], []
-    for seconds in SKEW_COMPUTE_S:
-        products = max(int(count.item() * seconds / COMPUTE_S), 1)
-        counts.append(products)
-        dist.barrier()
-        busy = waited = 0.0
-        for _ in range(SKEW_REPEATS):
-            t0 = time.perf_counter()
-            for _ in range(products):
-                work @ work
-            t1 = time.perf_counter()
-            dist.all_reduce(message)
-            busy, waited = busy + t1 - t0, waited + time.perf_counter() - t1
-        slowest = torch.tensor([busy, waited], dtype=torch.float64) / SKEW_REPEATS
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        compute.append(float(slowest[0]))
-        latency.append(float(slowest[1]))
+    counts = [max(int(count.item() * seconds / COMPUTE_S), 1) for seconds in SKEW_COMPUTE_S]
+    for attempt in range(1, SKEW_ATTEMPTS + 1):
+        compute, latency = [], []
+        for products in counts:
+            dist.barrier()
+            busy = waited = 0.0
+            for _ in range(SKEW_REPEATS):
+                t0 = time.perf_counter()
+                for _ in range(products):
+                    work @ work
+                t1 = time.perf_counter()
+                dist.all_reduce(message)
+                busy, waited = busy + t1 - t0, waited + time.perf_counter() - t1
+            slowest = torch.tensor([busy, waited], dtype=torch.float64) / SKEW_REPEATS
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank decides alike
+            compute.append(float(slowest[0]))
+            latency.append(float(slowest[1]))
+        per, reliable = skew_slope(compute, latency)
+        if reliable:
+            break
+    return {"wait_per_compute": per, "compute_s": compute, "latency_s": latency,
+            "products": counts, "attempts": attempt, "reliable": reliable}
+
+
+def skew_slope(compute: list[float], latency: list[float]) -> tuple[float, bool]:
+    """(extra wait per second of compute, whether to trust it) from the short and the long
+    block's compute and wait times: reliable only when the long block took at least
+    ``SKEW_MIN_SPAN`` x the short one's time."""
     span = compute[-1] - compute[0]
     per = max((latency[-1] - latency[0]) / span, 0.0) if span > 0 else 0.0
-    return {"wait_per_compute": per, "compute_s": compute, "latency_s": latency,
-            "products": counts}
+    return per, compute[0] > 0 and compute[-1] >= SKEW_MIN_SPAN * compute[0]
 
 
 def _rank_main(rank: int, world: int, port: int, backend: str, sizes: tuple[int, ...],

@@ -236,8 +236,7 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
     if backend == "gloo":  # what `ddl plan --site local` times this machine's layouts with
         from ddl.planning import cpu_calibration
 
-        cpu_calibration.store(f"links-{nproc}", {key: measured[key] for key in
-                                                 ("fits", "seconds", "skew") if key in measured})
+        cpu_calibration.store_links(nproc, measured)
     measured["site"] = {"name": site.name, "intra_node_latency_s": site.intra_node_latency_s,
                         "intra_node_bytes_per_s": site.intra_node_bytes_per_s}
     if fmt == "json":
@@ -253,6 +252,12 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
               f"before a collective (a 4 KB all-reduce after {skew['compute_s'][0] * 1e3:.1f} "
               f"/ {skew['compute_s'][-1] * 1e3:.1f} ms of compute: "
               f"{skew['latency_s'][0] * 1e6:.0f} / {skew['latency_s'][-1] * 1e6:.0f} us)")
+        if not skew.get("reliable", True):
+            print(f"note: the two compute blocks took {skew['compute_s'][0] * 1e3:.1f} and "
+                  f"{skew['compute_s'][-1] * 1e3:.1f} ms in the last of {skew['attempts']} tries "
+                  f"(under {collective_probe.SKEW_MIN_SPAN:g}x apart: other work on these "
+                  "cores); not kept for `ddl plan`, which counts no wait until a quieter "
+                  "`ddl doctor --collectives`")
     return 0
 
 

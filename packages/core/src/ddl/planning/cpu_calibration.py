@@ -127,12 +127,22 @@ def links(nproc: int, measure: Callable[[int], dict[str, Any]]) -> tuple[dict, b
     entry = cached(f"links-{nproc}")
     measured_now = entry is None
     if measured_now:
-        measured = measure(nproc)
-        entry = store(f"links-{nproc}", {key: measured[key] for key in
-                                         ("fits", "seconds", "skew") if key in measured})
+        entry = store_links(nproc, measure(nproc))
     # the ranks' waiting for the slowest one (collective_probe._skew), beside the fits
     return {**entry["fits"], **({"skew": entry["skew"]} if "skew" in entry else {})}, \
         measured_now
+
+
+def store_links(nproc: int, measured: dict[str, Any]) -> dict[str, Any]:
+    """Cache ``ddl doctor --collectives``'s measurement between ``nproc`` processes: its
+    fits and timings, and its skew unless the probe found it unreliable (the two compute
+    blocks too close to divide by: a week of plans would carry a wild value; without it
+    the model counts no wait, as for an entry from before the skew was measured)."""
+    keep = {key: measured[key] for key in ("fits", "seconds") if key in measured}
+    skew = measured.get("skew")
+    if skew is not None and skew.get("reliable", True):
+        keep["skew"] = skew
+    return store(f"links-{nproc}", keep)
 
 
 def matmul_flops() -> float:
