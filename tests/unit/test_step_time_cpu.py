@@ -190,6 +190,17 @@ def test_a_skew_measured_too_close_to_divide_is_not_cached(tmp_path, monkeypatch
     assert links["skew"]["wait_per_compute"] == 0.2
 
 
+def test_one_burst_does_not_decide_a_message_sizes_time():
+    """A size's time is the mean of its repeated timings (a run pays its slow calls),
+    without the slowest of three or more: one timing caught in a burst of other work
+    (0.125 s against ~0.03 s, a CI run) no longer sets the fit's largest point."""
+    from ddl.commands.collective_probe import size_time
+
+    assert size_time([0.03, 0.031, 0.029, 0.03, 0.125]) == pytest.approx(0.03)
+    assert size_time([1.0, 2.0, 6.0]) == pytest.approx(1.5)
+    assert size_time([1.0, 3.0]) == pytest.approx(2.0)  # too few to leave one out
+
+
 def test_local_plan_ranks_by_step_time_and_follows_the_links(synthetic_mnist, tmp_path):
     """One planted slow collective moves `ddl plan --site local`'s ranking: with the
     usual links DDP leads (tests/unit/test_plan_cpu_site.py, 4 processes); with gloo's

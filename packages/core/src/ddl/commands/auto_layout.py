@@ -63,6 +63,9 @@ def choose(plan, plugins) -> Any:
     predicted = {key: best[key] for key in (
         "mesh", "micro_batch", "accumulation", "activation_checkpointing",
         "memory_per_rank_bytes", "model_state_bytes", "activation_bytes", "step_s")}
+    # whose numbers those are: the fullest rank's, a rank of this pipeline stage (under
+    # pp the stages hold different shares of the model)
+    predicted["pp_rank"] = best.get("pp_rank", 0)
     predicted.update(device_memory_bytes=memory, candidates=len(report["fits"]),
                      dropped=len(report["dropped"]), ranked_by=report["ranked_by"])
     return plan.model_copy(update={"config": config.model_copy(update=update),

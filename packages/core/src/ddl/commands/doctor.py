@@ -244,7 +244,8 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
         return 0
     print(f"{OK:<5}site: {site.name} ({why})")
     print(f"collectives: {backend}, {nproc} processes on this node "
-          f"({'GPU' if gpus else 'CPU'}), median of {measured['repeats']} timings per size")
+          f"({'GPU' if gpus else 'CPU'}), mean of {measured['repeats']} timings per size, "
+          "the slowest left out")
     print(render_collectives(measured, site))
     skew = measured.get("skew")
     if skew:  # what `ddl plan` adds to a CPU step of several ranks (step_time_model)
