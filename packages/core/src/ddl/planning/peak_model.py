@@ -6,8 +6,11 @@
 each part below with where its number comes from (docs/plan.md repeats them):
 
 - **runtime**: the runtime's own memory before and beside the model's tensors, per device
-  kind. CPU: the *interpreter baseline* - Python, torch, ddl, the plugin and the data read,
-  measured in this process (its resident set while planning: :func:`interpreter_bytes`) -
+  kind. CPU: the *interpreter baseline* - Python and ddl as the planning process holds
+  them when this module is first imported, before torch (~36 MB; :func:`interpreter_bytes`):
+  about a forked local worker's private memory before its model (70-80 MB in all while
+  training CIFAR tiny; torch's pages it shares with the launcher, paid once), less than a
+  rank started as an interpreter of its own holds (torch privately: ~0.5 GB more) -
   plus what training itself adds there beyond any tensor of the model (autograd's engine,
   oneDNN's primitive caches, gloo's pairs and buffers, the loaders, evaluation):
   ``CPU_TRAINING_RUNTIME_BYTES``, measured (2 processes of MNIST tiny, whose tensors are
@@ -126,9 +129,9 @@ def peak(device_kind: str, *, model_state_bytes: int, activation_bytes: int,
 @cache
 def interpreter_bytes() -> int:
     """This process's resident set when this module was first imported (Linux; else 0):
-    Python, torch and ddl - what a run's process holds before its model (a run also has
-    gloo and its data there: its own baseline, measured in the run, is what ``--verify``
-    subtracts). Read at import, before the plan's probes add their own."""
+    Python and ddl, read before the planning process imports torch (the module's docstring
+    says what that stands for). A run's own baseline, measured in the run, is what
+    ``--verify`` subtracts. Read at import, before the plan's probes add their own."""
     return process_bytes("VmRSS") or 0
 
 
