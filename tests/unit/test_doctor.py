@@ -98,3 +98,29 @@ def test_a_cpu_torch_is_not_called_a_cuda_build(monkeypatch):
     status, detail = doctor._check_devices(get_site("juwels-booster"))
     assert status == "skip"
     assert "torch 2.7.1+cpu (CPU-only build)" in detail and "CUDA" not in detail
+
+
+def test_an_unreliable_skew_is_said_and_not_cached(tmp_path, monkeypatch, capsys):
+    """`ddl doctor --collectives` whose skew reading stayed too close to divide by (a busy
+    machine, planted here: the real probe is tests/distributed/test_doctor_collectives.py)
+    prints a note saying so, and the link cache `ddl plan` reads keeps the fits without it."""
+    import json
+
+    from ddl.commands import collective_probe, doctor
+    from ddl.planning import cpu_calibration
+
+    monkeypatch.setenv("DDL_CACHE_DIR", str(tmp_path))
+    fit = {"latency_s": 1e-4, "bytes_per_s": 1e9, "worst_error": 0.1, "points": 2}
+    planted = {"backend": "gloo", "nproc": 2, "repeats": 5,
+               "seconds": {op: {"4096": 1e-4, "16777216": 2e-2} for op in ("all_reduce",)},
+               "fits": {"all_reduce": fit, "all": fit},
+               "skew": {"wait_per_compute": 7.0, "compute_s": [2e-3, 3e-3],
+                        "latency_s": [1e-3, 8e-3], "products": [10, 80], "attempts": 3,
+                        "reliable": False}}
+    monkeypatch.setattr(collective_probe, "measure", lambda nproc, backend: planted)
+    assert doctor.run_collectives("local", 2) == 0
+    out = capsys.readouterr().out
+    assert "note: the two compute blocks took 2.0 and 3.0 ms in the last of 3 tries" in out
+    cached = json.loads((tmp_path / cpu_calibration.CACHE_FILE).read_text())
+    entry = cached[cpu_calibration.machine_key()]["links-2"]
+    assert entry["fits"]["all_reduce"] == fit and "skew" not in entry

@@ -10,10 +10,11 @@ and message size: two warm-up calls, then ``repeats`` timings of ``inner`` calls
 from 1 MiB); a timing is the slowest rank's (a collective ends when its last rank is
 done), the size's time the mean timing / ``inner`` (a training run pays the mean, its slow
 calls included), the slowest of the ``repeats`` timings left out when there are 3 or more
-(:func:`size_time`: one burst of other work decided a size's mean once). On a CPU each call is timed alone, after 1 ms of compute on the rank's
-thread, as a training step's collective follows its backward: a thread woken from a busy
-core is slower to answer than one that waits in a tight loop of collectives
-(``COMPUTE_S``). On a GPU the calls run back to back with one synchronisation at the end. Sizes are the bytes of the whole buffer (the
+(:func:`size_time`: one burst of other work decided a size's mean once). On a CPU each
+call is timed alone, after 1 ms of compute on the rank's thread, as a training step's
+collective follows its backward: a thread woken from a busy core is slower to answer than
+one that waits in a tight loop of collectives (``COMPUTE_S``). On a GPU the calls run back
+to back with one synchronisation at the end. Sizes are the bytes of the whole buffer (the
 all-reduced tensor, the all-gather's output, the reduce-scatter's input, one message).
 Point-to-point is a ring shift: every rank sends to the next and receives from the previous
 at once, as the stages of a pipeline do.

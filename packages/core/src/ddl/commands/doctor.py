@@ -254,11 +254,11 @@ def run_collectives(site_name: str, nproc: int | None, fmt: str = "text") -> int
               f"/ {skew['compute_s'][-1] * 1e3:.1f} ms of compute: "
               f"{skew['latency_s'][0] * 1e6:.0f} / {skew['latency_s'][-1] * 1e6:.0f} us)")
         if not skew.get("reliable", True):
-            print(f"note: the two compute blocks took {skew['compute_s'][0] * 1e3:.1f} and "
-                  f"{skew['compute_s'][-1] * 1e3:.1f} ms in the last of {skew['attempts']} tries "
-                  f"(under {collective_probe.SKEW_MIN_SPAN:g}x apart: other work on these "
-                  "cores); not kept for `ddl plan`, which counts no wait until a quieter "
-                  "`ddl doctor --collectives`")
+            short, long = (t * 1e3 for t in skew["compute_s"])
+            print(f"note: the two compute blocks took {short:.1f} and {long:.1f} ms in the last "
+                  f"of {skew['attempts']} tries (under {collective_probe.SKEW_MIN_SPAN:g}x "
+                  "apart: other work on these cores); not kept for `ddl plan`, which counts no "
+                  "wait until a quieter `ddl doctor --collectives`")
     return 0
 
 
