@@ -220,7 +220,8 @@ def main() -> int:
                         help="judge a results file again; exit 1 when a bar is missed")
     args = parser.parse_args()
     if args.check:
-        misses = bars(json.loads(args.check.read_text()))
+        doc = json.loads(args.check.read_text())
+        misses = bars(doc)
     else:
         out = args.out or HERE / "results" / f"plan_ranking-{time.strftime('%Y%m%d')}.json"
         if args.repeats < 1:
@@ -231,7 +232,7 @@ def main() -> int:
         misses = doc["misses"]
     for line in misses:
         print(f"missed: {line}")
-    for i, missed in enumerate(doc.get("round_misses", []) if not args.check else [], 1):
+    for i, missed in enumerate(doc.get("round_misses", []), 1):
         print(f"round {i}: {len(missed)} bar(s) missed alone" if missed
               else f"round {i}: every bar met alone")
     print("all of issue 51's bars met" if not misses else f"{len(misses)} bar(s) missed")
