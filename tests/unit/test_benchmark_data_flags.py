@@ -30,7 +30,8 @@ def test_values_map_plugins_to_directories(tmp_path):
         "xsum": tmp_path / "a=b", "mnist": Path("m")}
 
 
-@pytest.mark.parametrize("script", ["overhead.py", "block_options.py"])
+@pytest.mark.parametrize("script", ["overhead.py", "overhead_instructions.py",
+                                    "block_options.py"])
 @pytest.mark.parametrize("value", ["xsum", "=data", "xsum="])
 def test_a_malformed_value_is_one_line_and_exit_2(script, value):
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--data-dir",

@@ -38,6 +38,18 @@ def test_overhead_table_is_the_committed_benchmark():
         assert _row(page, workload)[:7] == want, workload
 
 
+def test_instruction_table_is_the_committed_benchmark():
+    result = json.loads((RESULTS / "overhead_instructions.json").read_text())
+    page = _page("measuring.md")
+    assert result["machine"]["date"] in page
+    for workload, row in result["workloads"].items():
+        main, every = row["ddl_over_plain_main"], row["ddl_over_plain_all"]
+        want = [f"{row['ddl']['main']['Ir'] / 1e6:.2f} M",
+                f"{row['plain']['main']['Ir'] / 1e6:.2f} M", f"{main['Ir']:.3f}",
+                f"{every['Ir']:.3f}", f"{main['D1mr']:.3f}", f"{main['DLmr']:.3f}"]
+        assert _row(page, f"{workload} (instructions)")[:6] == want, workload
+
+
 def test_activation_memory_table_is_the_committed_benchmark():
     memory = json.loads((RESULTS / "block_options.json").read_text())["activation_memory"]
     page = _page("training-at-scale.md")
