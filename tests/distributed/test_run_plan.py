@@ -1,8 +1,8 @@
 """`ddl train` decides once: the site profile is loaded, the run directory named, the
 launcher chosen, and the preset, layout, batch split (by the one global-batch rule), lr,
-precision and each rank's cores and threads worked out in one process, one time; the
-workers read the plan instead, and each builds the run's one mesh once, from the plan's
-degrees (issue 40, item 1; issue 50, item 4).
+precision, each rank's cores and threads and the live state's interval worked out in one
+process, one time; the workers read the plan instead, and each builds the run's one mesh
+once, from the plan's degrees (issue 40, item 1; issue 50, item 4).
 
 The count covers the whole process tree of a real 2-process run: a ``sitecustomize`` module
 on PYTHONPATH (imported by every Python process at start-up, the workers the elastic agent
@@ -92,6 +92,8 @@ watch(strategy.Strategy, "resolve_layout", lambda self, mesh, world: f"world {wo
 for where in (cores, plan):  # plan.py holds it by name
     watch(where, "plan_cores", lambda site, launcher, nproc, env=None: launcher)
 watch(cores, "decide_threads", lambda: "threads")  # keyword arguments only
+# how often each rank replaces its live state file (grows with the world)
+watch(plan, "live_interval", lambda given, world_size: f"world {world_size}")
 # the mesh: built by each worker once, from the plan's degrees, by the one builder
 watch(layout.ParallelLayout, "device_mesh", lambda self, kind: self.describe())
 # precision: "auto" decided once (ddl.worker.train.precision imports torch)
@@ -107,7 +109,7 @@ EVAL = ("--eval-samples", "16")
 
 # decided once per `ddl train` (the pre-flight), read by its workers
 RESOLVED = {"resolve_preset": 1, "resolve_batch": 1, "scaled_lr": 1, "resolve_layout": 1,
-            "resolve": 1, "plan_cores": 1}
+            "resolve": 1, "plan_cores": 1, "live_interval": 1}
 # helpers of those decisions: called by the pre-flight only, however often
 PREFLIGHT_ONLY = {"global_batch", "decide_threads"}
 

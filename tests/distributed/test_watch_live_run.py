@@ -83,7 +83,8 @@ def test_watch_follows_a_live_run(tmp_path, synthetic_mnist):
     # batch 32: ~60 steps per epoch, a few seconds of training on 2 busy cores
     proc = _Background(["train", "--plugin", "mnist", "--preset", "tiny", "--nproc", "2",
                         "--epochs", str(EPOCHS), "--global-batch-size", "32", "--log-every",
-                        "10", "--seed", "3", "--data-dir", str(synthetic_mnist),
+                        "10", "--seed", "3", "--live-every", "0.5",
+                        "--data-dir", str(synthetic_mnist),
                         "--run-dir", str(run_dir)], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
@@ -118,6 +119,7 @@ def test_watch_follows_a_live_run(tmp_path, synthetic_mnist):
     for rank in (0, 1):  # the last word of every rank
         doc = _live(run_dir, rank)
         assert doc["state"] == "finished" and doc["epoch"] == EPOCHS, doc
+        assert doc["write_interval_s"] == 0.5, doc  # --live-every, through the run plan
         assert doc["step_in_epoch"] == doc["steps_per_epoch"] and doc["samples_per_s"] > 0
         assert doc["memory"]["peak_rss_bytes"] >= doc["memory"]["rss_bytes"] > 0
     assert _live(run_dir, 0)["loss"] is not None  # rank 0's logged loss

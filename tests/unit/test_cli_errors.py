@@ -25,6 +25,8 @@ pytestmark = pytest.mark.unit
     (["train", "--run-dir="], ["--run-dir", "empty path", "allowed:"]),
     (["train", "--hang-timeout", "0.001"], ["--hang-timeout", "allowed: 0 (off) or 1 to"]),
     (["train", "--warmup-epochs", "1e308"], ["--warmup-epochs", "less than or equal to"]),
+    (["train", "--live-every", "0"], ["--live-every", "greater than or equal to 0.5"]),
+    (["train", "--live-every", "nan"], ["--live-every", "finite number"]),
     (["train", "--mesh", "dp=2,dp=4"], ["--mesh", "'dp' is named twice", "allowed:"]),
 ])
 def test_bad_flags(tmp_path, args, needles):

@@ -185,3 +185,28 @@ def test_without_tensorboard_one_note(tmp_path, monkeypatch):
     assert said == ["ddl: tensorboard not installed; no event files"]
     assert tensorboard_events.open_board(tmp_path, False, 0, said.append) is None
     assert len(said) == 1 and not (tmp_path / "tensorboard").exists()
+
+
+def test_the_live_interval_stretches_beyond_256_ranks():
+    """Every rank replaces its file each interval (a create and a rename on the file
+    system's metadata server): 2 s up to 256 ranks, then ~128 files a second in all."""
+    from ddl.settings.plan import live_interval
+
+    assert [live_interval(None, n) for n in (1, 2, 256, 1024, 4096)] == [2, 2, 2, 8, 32]
+    assert live_interval(5.0, 4096) == 5.0 and live_interval(0.5, 2) == 0.5  # --live-every
+
+
+def test_the_run_plan_holds_the_interval_the_workers_use(tmp_path):
+    """Decided in the pre-flight, from the world the plan counts (here torchrun's
+    variables: a 1024-rank job's worker), or --live-every."""
+    from ddl.settings.config import build
+    from ddl.settings.plan import make_plan
+
+    torchrun = {"RANK": "5", "WORLD_SIZE": "1024", "LOCAL_WORLD_SIZE": "4",
+                "MASTER_ADDR": "node0"}
+    built = build({"plugin": "mnist", "site": "local", "run_dir": tmp_path / "r"}, {}, None)
+    assert make_plan(built, env=torchrun).live_every_s == 8
+    assert make_plan(built, env={}).live_every_s == 2  # a local run of one process
+    given = build({"plugin": "mnist", "site": "local", "run_dir": tmp_path / "r",
+                   "live_every": 30}, {}, None)
+    assert make_plan(given, env=torchrun).live_every_s == 30

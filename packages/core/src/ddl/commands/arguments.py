@@ -134,6 +134,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check-every", type=int, default=S, metavar="STEPS",
                    help="steps between checks for a non-finite loss or a stop request "
                         "(default: 10; also before checkpoints and at epoch ends)")
+    p.add_argument("--live-every", type=float, default=S, metavar="SECONDS",
+                   help="seconds between writes of each rank's live state for ddl watch "
+                        "(default: 2; longer beyond 256 ranks, ~128 files a second in all)")
     p.add_argument("--profile", type=int, nargs="?", const=5, default=S, metavar="STEPS",
                    help="trace STEPS training steps per rank with torch.profiler (default "
                         "5, after 2 skipped): trace-rank<r>.json + a summary in results.json")

@@ -122,6 +122,11 @@ class RunConfig(BaseModel):
         10, ge=1, le=MAX_COUNT, description="optimizer steps between the checks for a "
         "non-finite loss and a stop request (one small all-reduce and a host sync each; "
         "also before every checkpoint and at each epoch's end)")
+    live_every: float | None = Field(
+        None, ge=0.5, le=MAX_SECONDS, allow_inf_nan=False, description="seconds between two "
+        "writes of each rank's live-state file (ddl watch); default: 2, longer beyond 256 "
+        "ranks so that the job replaces at most ~128 files a second "
+        "(ddl.settings.plan.live_interval)")
     profile: int = Field(0, ge=0, le=MAX_COUNT, description="training steps traced by "
                          "torch.profiler on every rank (0 = off; ddl.worker.observe.profiling)")
     tf32: bool = Field(True, description="fp32 matrix products on a GPU's tensor cores "

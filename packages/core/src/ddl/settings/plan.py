@@ -67,6 +67,7 @@ class RunPlan(BaseModel):
     world_size: int
     loader_workers: int  # DataLoader processes per rank
     cores: list[RankCores]  # by local rank: the cores to bind to, threads to use
+    live_every_s: float = 2.0  # seconds between two writes of a rank's live state file
     data_dir_is_default: bool  # only then may synthetic data be generated into it
     # the pre-flight's results (None where no pre-flight ran: the workers decide then)
     resolved: Resolved | None = None
@@ -180,7 +181,23 @@ def make_plan(built: Built, env: Mapping[str, str] = os.environ,
                    nproc_per_node=nproc, nnodes=nnodes, world_size=world_size,
                    loader_workers=loader_workers(config.workers, launcher, nproc, env),
                    cores=plan_cores(site, launcher, nproc, env),
+                   live_every_s=live_interval(config.live_every, world_size),
                    data_dir_is_default=built.data_dir_is_default, command=list(sys.argv))
+
+
+LIVE_EVERY_S = 2.0  # how often a rank's live state file (ddl watch) is replaced ...
+JOB_LIVE_WRITES_PER_S = 128  # ... unless the whole job would replace more files a second
+
+
+def live_interval(given: float | None, world_size: int) -> float:
+    """Seconds between two writes of each rank's live state file: ``--live-every`` if given,
+    else 2, stretched beyond 256 ranks so that the job replaces at most ~128 files a second
+    (each write is a create and a rename: metadata operations a parallel file system's
+    metadata server serves for every job on the machine; 4096 ranks every 2 s would be
+    ~4000 a second)."""
+    if given is not None:
+        return given
+    return max(LIVE_EVERY_S, world_size / JOB_LIVE_WRITES_PER_S)
 
 
 def absolute(path: Path, flag: str) -> Path:

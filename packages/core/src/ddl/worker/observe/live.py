@@ -7,8 +7,9 @@ reading (ddl.worker.observe.utilisation) and its memory (ddl.worker.memory.curre
 the wall-clock time. At the end the file says ``state`` finished, stopped or failed.
 
 What it costs a step: one clock read. The file is replaced (written aside, renamed: a reader
-never sees half of it) at most every ``interval`` seconds, from the training loop itself, so
-an old time stamp means this rank's loop stopped moving (``ddl watch`` marks it stale). No
+never sees half of it) at most every ``interval`` seconds (the run plan's: 2, longer for
+jobs beyond 256 ranks, or ``--live-every``), from the training loop itself, so an old time
+stamp means this rank's loop stopped moving (``ddl watch`` marks it stale). No
 collective and no device sync is added: the loss is the one the progress line already
 fetched (every ``--log-every`` steps, rank 0). A write that fails (a full disk) is skipped:
 the live state must never end a run; checkpoints and results report such errors.
@@ -24,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ddl.settings import rundir
-
-#: Seconds between two writes of a rank's file while it trains.
-INTERVAL_S = 2.0
+# seconds between two writes of a rank's file while it trains, unless the run plan says
+# otherwise (--live-every; longer for large jobs: ddl.settings.plan.live_interval)
+from ddl.settings.plan import LIVE_EVERY_S as INTERVAL_S
 
 
 class LiveState:

@@ -21,7 +21,7 @@ from ddl.worker.observe.tensorboard_events import open_board
 
 
 class Observers:
-    def __init__(self, run: TrainingRun, sampler=None) -> None:
+    def __init__(self, run: TrainingRun, sampler=None, *, live_every: float) -> None:
         config, world, numbers = run.config, run.world, run.numbers
         self.progress = Progress(world.is_main, config.log_every, numbers.steps_per_epoch,
                                  numbers.epochs, numbers.global_batch)
@@ -35,7 +35,8 @@ class Observers:
             about["device_total_bytes"] = torch.cuda.get_device_properties(
                 world.device).total_memory
         self.live = LiveState(run.run_dir, world.rank, world.size, about, sampler=sampler,
-                              memory=lambda: memory.current(world.device))
+                              memory=lambda: memory.current(world.device),
+                              interval=live_every)
         self.board = open_board(run.run_dir, world.is_main, run.step, run.say)
 
     def begin_epoch(self, epoch: int, position: int, step: int) -> None:

@@ -61,7 +61,8 @@ def train(plan: RunPlan, world: World, plugins: Plugins) -> dict[str, Any]:
     usage.start()
 
     run.say(_banner(run))
-    observers = Observers(run, usage)  # progress, live state (ddl watch), TensorBoard
+    # progress, live state (ddl watch), TensorBoard
+    observers = Observers(run, usage, live_every=plan.live_every_s)
     try:
         epochs = begin.earlier_epochs
         for epoch in range(begin.epoch, run.numbers.epochs + 1):
