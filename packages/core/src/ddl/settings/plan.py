@@ -67,7 +67,7 @@ class RunPlan(BaseModel):
     world_size: int
     loader_workers: int  # DataLoader processes per rank
     cores: list[RankCores]  # by local rank: the cores to bind to, threads to use
-    live_every_s: float = 2.0  # seconds between two writes of a rank's live state file
+    live_every_s: float  # seconds between two writes of a rank's live state file
     data_dir_is_default: bool  # only then may synthetic data be generated into it
     # the pre-flight's results (None where no pre-flight ran: the workers decide then)
     resolved: Resolved | None = None

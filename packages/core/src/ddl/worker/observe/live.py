@@ -25,9 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.settings import rundir
-# seconds between two writes of a rank's file while it trains, unless the run plan says
-# otherwise (--live-every; longer for large jobs: ddl.settings.plan.live_interval)
-from ddl.settings.plan import LIVE_EVERY_S as INTERVAL_S
+from ddl.settings.plan import LIVE_EVERY_S
 
 
 class LiveState:
@@ -35,7 +33,7 @@ class LiveState:
     ``phase`` when the rank starts something else, ``end`` once at the end."""
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, about: dict[str, Any],
-                 sampler=None, memory=None, interval: float = INTERVAL_S) -> None:
+                 sampler=None, memory=None, interval: float = LIVE_EVERY_S) -> None:
         """``about``: the fixed facts (plugin, strategy, epochs, steps_per_epoch,
         global_batch, ...); ``sampler``: a utilisation.Sampler; ``memory``: a callable
         giving this process's memory now."""
